@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Gradio page for LightOnOCR-2-1B served by vLLM: upload an image or a PDF, read the text.
+
+    python app_vllm.py                                   # server at http://127.0.0.1:8000, page on :7860
+    python app_vllm.py --server-url http://gpu-box:8000 --api-key s3cret --auth alice:pw
+
+Precedence: flags > environment (VLLM_URL, VLLM_MODEL, VLLM_API_KEY, UI_HOST, UI_PORT,
+UI_AUTH, UI_MAX_UPLOAD_MB, UI_CONCURRENCY) > defaults. The page only talks HTTP to the
+vLLM server; it never loads the model. Pages are prepared here, once per click (EXIF
+orientation, RGB, longest edge 1540 px, PNG), so the server receives what the model
+was trained on. Every failure becomes a message on the page, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from ocr_bundle.client import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, OcrClient, OcrError, OcrResult
+from ocr_bundle.images import (
+    MAX_PDF_PAGES_AT_ONCE,
+    MAX_UPLOAD_BYTES,
+    InputError,
+    PreparedImage,
+    is_pdf,
+    pdf_page_count,
+    prepare_upload,
+)
+from ocr_bundle.samples import sample_paths
+
+LATEX_DELIMITERS = [
+    {"left": "$$", "right": "$$", "display": True},
+    {"left": "$", "right": "$", "display": False},
+    {"left": "\\[", "right": "\\]", "display": True},
+    {"left": "\\(", "right": "\\)", "display": False},
+]
+PAGE_SEPARATOR = "\n\n---\n\n"
+
+
+@dataclass(frozen=True)
+class PageSettings:
+    max_upload_bytes: int = MAX_UPLOAD_BYTES
+    concurrency: int = 16  # vLLM batches concurrent requests; the page must not serialize them
+
+
+def read_upload(path: str | None, max_bytes: int) -> bytes:
+    if not path:
+        raise InputError("Upload an image or a PDF first.")
+    size = os.path.getsize(path)
+    if size > max_bytes:
+        raise InputError(f"The file is {size / 1e6:.1f} MB; the limit is {max_bytes / 1e6:.0f} MB.")
+    return Path(path).read_bytes()
+
+
+def pages_to_process(data: bytes, page: int, all_pages: bool, max_bytes: int) -> list[int]:
+    """1-based page numbers to OCR for this upload (images have one page)."""
+    if not is_pdf(data):
+        return [1]
+    count = pdf_page_count(data, max_bytes)
+    if all_pages:
+        return list(range(1, min(count, MAX_PDF_PAGES_AT_ONCE) + 1))
+    if not 1 <= page <= count:
+        raise InputError(f"Page {page} does not exist: the PDF has {count} page(s).")
+    return [page]
+
+
+def format_stats(results: list[tuple[PreparedImage, OcrResult]], wall_s: float) -> str:
+    prompt = sum(r.prompt_tokens or 0 for _, r in results)
+    output = sum(r.completion_tokens or 0 for _, r in results)
+    first = results[0][1]
+    image = results[0][0]
+    ttft = f"{first.ttft_s:.2f} s" if first.ttft_s is not None else "n/a"
+    rate = output / wall_s if wall_s > 0 else 0.0
+    lines = [
+        f"**{len(results)} page(s)** in **{wall_s:.2f} s** · time to first token {ttft} · "
+        f"{prompt:,} prompt + {output:,} output tokens · {rate:,.0f} output tokens/s",
+        f"Page sent as {image.width}×{image.height} {image.mime_type.split('/')[1].upper()} "
+        f"({image.encoded_bytes / 1024:,.0f} KiB; original {image.original_width}×{image.original_height})",
+    ]
+    for _, result in results:
+        lines += [f"⚠️ {w}" for w in result.warnings]
+    return "  \n".join(lines)
+
+
+def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.Blocks:
+    """The page, without launching it (tests build it too)."""
+
+    def server_status() -> str:
+        return client.status().describe()
+
+    def on_upload(path: str | None):
+        """Show a page picker for PDFs and a preview of what will be sent."""
+        if not path:
+            return gr.update(visible=False, value=1, maximum=2), gr.update(visible=False), None
+        try:
+            data = read_upload(path, settings.max_upload_bytes)
+            count = pdf_page_count(data, settings.max_upload_bytes) if is_pdf(data) else 1
+            preview = prepare_upload(data, 1, max_bytes=settings.max_upload_bytes)
+        except InputError as exc:
+            raise gr.Error(str(exc), print_exception=False) from exc
+        is_multi = count > 1
+        return (gr.update(visible=is_multi, value=1, maximum=max(count, 2), label=f"Page (of {count})"),
+                gr.update(visible=is_multi), preview.data_url)
+
+    def on_page_change(path: str | None, page: int):
+        if not path:
+            return None
+        try:
+            data = read_upload(path, settings.max_upload_bytes)
+            return prepare_upload(data, int(page), max_bytes=settings.max_upload_bytes).data_url
+        except InputError as exc:
+            raise gr.Error(str(exc), print_exception=False) from exc
+
+    def extract(path: str | None, page: int, all_pages: bool, max_tokens: int, temperature: float,
+                encoding: str) -> Iterator[tuple[str, str, str]]:
+        start = time.perf_counter()
+        try:
+            data = read_upload(path, settings.max_upload_bytes)
+            numbers = pages_to_process(data, int(page or 1), bool(all_pages), settings.max_upload_bytes)
+        except InputError as exc:
+            raise gr.Error(str(exc), print_exception=False) from exc
+        texts: list[str] = []
+        done: list[tuple[PreparedImage, OcrResult]] = []
+        for number in numbers:
+            try:
+                image = prepare_upload(data, number, fmt=encoding, max_bytes=settings.max_upload_bytes)
+                current = ""
+                for event in client.stream_ocr(image.data_url, max_tokens=int(max_tokens),
+                                               temperature=float(temperature)):
+                    if isinstance(event, OcrResult):
+                        done.append((image, event))
+                    else:
+                        current += event
+                        text = PAGE_SEPARATOR.join(texts + [current])
+                        yield text, text, f"Reading page {number} of {len(numbers)}… {len(current):,} characters"
+                texts.append(current)
+            except (InputError, OcrError) as exc:
+                where = f" (page {number})" if len(numbers) > 1 else ""
+                raise gr.Error(f"{exc}{where}", print_exception=False) from exc
+        text = PAGE_SEPARATOR.join(texts)
+        yield text, text, format_stats(done, time.perf_counter() - start)
+
+    with gr.Blocks(title="LightOnOCR-2-1B · vLLM") as page:
+        gr.Markdown("# LightOnOCR-2-1B on vLLM\nUpload a page image or a PDF; the text streams in as Markdown.")
+        with gr.Row():
+            status = gr.Markdown(server_status, elem_id="server-status")
+            refresh = gr.Button("Refresh status", size="sm", scale=0)
+        with gr.Row():
+            with gr.Column(scale=1):
+                upload = gr.File(label="Image or PDF", file_types=["image", ".pdf"], type="filepath",
+                                 elem_id="upload")
+                page_number = gr.Slider(1, 2, value=1, step=1, label="Page", visible=False, elem_id="page-picker")
+                all_pages = gr.Checkbox(label=f"All pages (up to {MAX_PDF_PAGES_AT_ONCE})", visible=False)
+                preview = gr.Image(label="What the model sees", interactive=False, height=360)
+                with gr.Accordion("Settings", open=False):
+                    max_tokens = gr.Slider(16, 8192, value=DEFAULT_MAX_TOKENS, step=16, label="Max output tokens",
+                                           info="4096 fits the densest pages; the server's max_model_len must "
+                                                "hold ~2,200 image tokens plus this")
+                    temperature = gr.Slider(0.0, 1.0, value=DEFAULT_TEMPERATURE, step=0.05, label="Temperature",
+                                            info="0.2 is the model's recommendation")
+                    encoding = gr.Radio(["PNG", "JPEG"], value="PNG", label="Encoding sent to the server",
+                                        info="PNG is lossless; JPEG is smaller for slow links")
+                extract_button = gr.Button("Extract text", variant="primary", elem_id="extract")
+                gr.Examples(examples=[[str(p)] for p in sample_paths()], inputs=[upload], label="Sample pages")
+            with gr.Column(scale=2):
+                stats = gr.Markdown("", elem_id="stats")
+                with gr.Tabs():
+                    with gr.Tab("Rendered"):
+                        rendered = gr.Markdown(latex_delimiters=LATEX_DELIMITERS, elem_id="rendered",
+                                               min_height=300)
+                    with gr.Tab("Raw text"):
+                        raw = gr.Textbox(lines=24, max_lines=60, buttons=["copy"], label="Markdown",
+                                         elem_id="raw")
+        upload.change(on_upload, [upload], [page_number, all_pages, preview], concurrency_limit=settings.concurrency)
+        page_number.release(on_page_change, [upload, page_number], [preview],
+                            concurrency_limit=settings.concurrency)
+        extract_button.click(extract, [upload, page_number, all_pages, max_tokens, temperature, encoding],
+                             [rendered, raw, stats], concurrency_limit=settings.concurrency)
+        refresh.click(server_status, None, status)
+        gr.Timer(15).tick(server_status, None, status)  # the line follows a server restart
+    return page
+
+
+def parse_auth(value: str | None) -> list[tuple[str, str]] | None:
+    """'user:password[,user2:password2]' → Gradio's auth list."""
+    if not value:
+        return None
+    pairs = []
+    for item in value.split(","):
+        user, sep, password = item.partition(":")
+        if not sep or not user or not password:
+            raise SystemExit("error: --auth / UI_AUTH must look like user:password[,user2:password2]")
+        pairs.append((user, password))
+    return pairs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server-url", default=env("VLLM_URL", "http://127.0.0.1:8000"),
+                        help="vLLM server base URL (env VLLM_URL)")
+    parser.add_argument("--model", default=env("VLLM_MODEL"),
+                        help="served model name (env VLLM_MODEL; default: ask the server's /v1/models)")
+    parser.add_argument("--api-key", default=env("VLLM_API_KEY"), help="the server's API key (env VLLM_API_KEY)")
+    parser.add_argument("--host", default=env("UI_HOST", "127.0.0.1"),
+                        help="interface for the page (env UI_HOST; default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=int(env("UI_PORT", "7860")), help="page port (env UI_PORT)")
+    parser.add_argument("--auth", default=env("UI_AUTH"),
+                        help="require a login, user:password[,user2:password2] (env UI_AUTH)")
+    parser.add_argument("--max-upload-mb", type=float, default=float(env("UI_MAX_UPLOAD_MB", "50")),
+                        help="largest accepted upload in MB (env UI_MAX_UPLOAD_MB; default 50)")
+    parser.add_argument("--concurrency", type=int, default=int(env("UI_CONCURRENCY", "16")),
+                        help="requests the page sends to vLLM at once (env UI_CONCURRENCY; default 16)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds to wait for one page's answer (default 600)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    auth = parse_auth(args.auth)
+    if args.host in ("0.0.0.0", "::") and not auth:
+        print("WARNING: the page is open to the network without a login (set --auth / UI_AUTH).", file=sys.stderr)
+    client = OcrClient(args.server_url, api_key=args.api_key, model=args.model, read_timeout=args.timeout)
+    max_bytes = int(args.max_upload_mb * 1024 * 1024)
+    page = build_ui(client, PageSettings(max_upload_bytes=max_bytes, concurrency=args.concurrency))
+    page.queue(default_concurrency_limit=args.concurrency, max_size=256)
+    page.launch(server_name=args.host, server_port=args.port, auth=auth, max_file_size=max_bytes,
+                show_error=False, footer_links=[], allowed_paths=[str(Path(__file__).parent / "samples")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Stop what ./start_optimized.sh started: the page, then vLLM (recorded PIDs only).
+#   RUN_DIR   where the PID files are (default ./run)
+#   STOP_GRACE  seconds between TERM and escalation (default 30)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/lifecycle.sh
+source "$ROOT/scripts/lifecycle.sh"
+
+stop_service ui "$UI_MARKER"
+stop_service vllm "$VLLM_MARKER"
