@@ -232,10 +232,24 @@ class OcrClient:
         """Yield text deltas as they arrive, then one final OcrResult. Raises OcrError."""
         body = build_chat_request(self.model(), image_url, max_tokens=max_tokens, temperature=temperature,
                                   top_p=top_p, stream=True, ignore_eos=ignore_eos)
+        yield from self.stream_body(json.dumps(body).encode(), max_tokens, session=session)
+
+    def stream_body(
+        self,
+        body: bytes,
+        max_tokens: int,
+        session: requests.Session | None = None,
+        total_timeout: float | None = None,
+    ) -> Iterator[str | OcrResult]:
+        """Send an already-encoded streaming chat body (the stress test encodes each page once).
+
+        total_timeout bounds the whole answer; the read timeout alone only bounds the gap
+        between two chunks, so a server that trickles tokens could otherwise hold a request forever.
+        """
         poster = session.post if session else requests.post
         start = time.perf_counter()
         try:
-            response = poster(f"{self.base_url}/v1/chat/completions", json=body, headers=self.headers(),
+            response = poster(f"{self.base_url}/v1/chat/completions", data=body, headers=self.headers(),
                               stream=True, timeout=(self.connect_timeout, self.read_timeout))
         except requests.RequestException as exc:
             raise OcrError(_transport_message(exc, self.base_url), _transport_kind(exc)) from exc
@@ -243,15 +257,45 @@ class OcrClient:
             if response.status_code != 200:
                 message = error_message_from_response(response)
                 raise OcrError(explain_http_error(response.status_code, message), "http", response.status_code)
-            yield from self._read_stream(response, start, max_tokens)
+            yield from self._read_stream(response, start, max_tokens, total_timeout)
 
-    def _read_stream(self, response: requests.Response, start: float, max_tokens: int) -> Iterator[str | OcrResult]:
+    def complete_body(self, body: bytes, max_tokens: int, session: requests.Session | None = None) -> OcrResult:
+        """Send an already-encoded non-streaming chat body; no TTFT, one response."""
+        poster = session.post if session else requests.post
+        start = time.perf_counter()
+        try:
+            response = poster(f"{self.base_url}/v1/chat/completions", data=body, headers=self.headers(),
+                              timeout=(self.connect_timeout, self.read_timeout))
+        except requests.RequestException as exc:
+            raise OcrError(_transport_message(exc, self.base_url), _transport_kind(exc)) from exc
+        if response.status_code != 200:
+            message = error_message_from_response(response)
+            raise OcrError(explain_http_error(response.status_code, message), "http", response.status_code)
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            usage = data.get("usage") or {}
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise OcrError(f"The server sent an unexpected answer ({exc}).", "bad_response") from exc
+        return OcrResult(
+            text=(choice.get("message") or {}).get("content") or "",
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            finish_reason=choice.get("finish_reason"),
+            latency_s=time.perf_counter() - start,
+            ttft_s=None,
+        )
+
+    def _read_stream(self, response: requests.Response, start: float, max_tokens: int,
+                     total_timeout: float | None) -> Iterator[str | OcrResult]:
         parts: list[str] = []
         ttft = None
         usage: dict = {}
         finish_reason = None
         try:
             for line in response.iter_lines(decode_unicode=False):
+                if total_timeout is not None and time.perf_counter() - start > total_timeout:
+                    raise OcrError(f"No complete answer within {total_timeout:g} s (request timeout).", "timeout")
                 if not line.startswith(b"data:"):
                     continue
                 payload = line[5:].strip()

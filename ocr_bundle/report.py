@@ -1,0 +1,196 @@
+"""Stress-test reports: aligned table, JSON, Markdown, PNG plot, before/after comparison.
+
+All of them are rendered from the same report dict (what the JSON file holds), so the
+numbers always agree, and a saved JSON can be re-rendered or compared later.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# (key in level metrics, column title, format)
+COLUMNS = [
+    ("concurrency", "conc", "{:d}"),
+    ("requests", "reqs", "{:d}"),
+    ("errors", "errors", "{:d}"),
+    ("pages_per_s", "pages/s", "{:.2f}"),
+    ("output_tokens_per_s", "out tok/s", "{:,.0f}"),
+    ("latency_mean_s", "lat mean s", "{:.2f}"),
+    ("latency_p50_s", "p50 s", "{:.2f}"),
+    ("latency_p90_s", "p90 s", "{:.2f}"),
+    ("latency_p99_s", "p99 s", "{:.2f}"),
+    ("ttft_p50_s", "TTFT p50 s", "{:.2f}"),
+    ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
+    ("gpu_memory.peak_mib", "GPU peak MiB", "{:,.0f}"),
+    ("gpu_memory.mean_mib", "GPU mean MiB", "{:,.0f}"),
+    ("vllm.kv_cache_usage_peak", "KV peak %", "{:.1%}"),
+    ("vllm.running_peak", "run peak", "{:.0f}"),
+    ("vllm.waiting_peak", "wait peak", "{:.0f}"),
+]
+
+
+def lookup(level: dict, dotted: str):
+    value = level
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def fmt(value, spec: str) -> str:
+    if value is None:
+        return "n/a"
+    try:
+        return spec.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    header = [title for _, title, _ in COLUMNS]
+    body = [[fmt(lookup(level, key), spec) for key, _, spec in COLUMNS] for level in report["levels"]]
+    return header, body
+
+
+def aligned_table(report: dict) -> str:
+    header, body = rows(report)
+    widths = [max(len(cell) for cell in column) for column in zip(header, *body)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in body])
+
+
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(out)
+
+
+def client_verdict(report: dict) -> str:
+    """Could the client have limited the measured rate?"""
+    lines = []
+    for level in report["levels"]:
+        capacity, measured = level.get("client_max_pages_per_s"), level.get("pages_per_s") or 0
+        if capacity is None or measured <= 0:
+            continue
+        ratio = capacity / measured
+        verdict = "not the bottleneck" if ratio >= 2 else "MAY LIMIT THE MEASUREMENT"
+        lines.append(f"concurrency {level['concurrency']}: client CPU {level['client_cpu_per_request_s'] * 1000:.1f} ms "
+                     f"per request → one core drives ~{capacity:,.0f} pages/s, {ratio:,.0f}× the measured "
+                     f"{measured:.2f} pages/s: {verdict}")
+    return "\n".join(lines)
+
+
+def markdown_report(report: dict) -> str:
+    env, args = report["environment"], report["args"]
+    gpu = env.get("gpu") or {}
+    parts = [
+        f"# Stress test — {env.get('model')}",
+        "",
+        f"- When: {env.get('started_at')}; server {env.get('server_url')} (vLLM {env.get('vllm_version')}, "
+        f"max_model_len {env.get('max_model_len')})",
+        f"- GPU: {', '.join(gpu.get('names') or []) or 'n/a'} (memory via {gpu.get('backend', 'none')}"
+        f"{'; ' + gpu['reason'] if gpu.get('reason') else ''}); idle used memory "
+        f"{fmt(report.get('gpu_idle_mib'), '{:,.0f}')} MiB of {fmt(gpu.get('total_mib'), '{:,.0f}')} MiB",
+        f"- Images: {', '.join(report.get('images', []))}",
+        f"- Requests per level {args.get('requests')}, warm-up {args.get('warmup')}, max_tokens "
+        f"{args.get('max_tokens')}, ignore_eos {args.get('ignore_eos')}, stream {args.get('stream')}, "
+        f"temperature {args.get('temperature')}",
+        "",
+        markdown_table(*rows(report)),
+        "",
+        "Throughput counts successful pages over the level's wall time. GPU memory is device memory "
+        "used (vLLM reserves `--gpu-memory-utilization` of the card at start, so it mostly measures that "
+        "flag); the KV-cache columns come from vLLM's /metrics and show how much of that reservation the "
+        "load actually needed.",
+        "",
+        "## Is the client the bottleneck?",
+        "",
+        client_verdict(report) or "n/a",
+    ]
+    errors = [(level["concurrency"], msg, n) for level in report["levels"]
+              for msg, n in level["errors_by_message"].items()]
+    if errors:
+        parts += ["", "## Errors", "", markdown_table(["concurrency", "count", "message"],
+                                                         [[str(c), str(n), m.replace("|", "\\|")] for c, m, n in errors])]
+    if report.get("comparison"):
+        parts += ["", "## Before / after", "", report["comparison"]]
+    return "\n".join(parts) + "\n"
+
+
+COMPARED = [
+    ("pages_per_s", "pages/s", "{:.2f}"),
+    ("output_tokens_per_s", "output tok/s", "{:,.0f}"),
+    ("latency_mean_s", "latency mean s", "{:.2f}"),
+    ("latency_p99_s", "latency p99 s", "{:.2f}"),
+    ("ttft_p50_s", "TTFT p50 s", "{:.2f}"),
+    ("gpu_memory.peak_mib", "GPU peak MiB", "{:,.0f}"),
+    ("errors", "errors", "{:d}"),
+]
+
+
+def compare(before: dict, after: dict) -> str:
+    """Markdown table: each metric at each common concurrency, before, after, after/before."""
+    by_level = {level["concurrency"]: level for level in before["levels"]}
+    body = []
+    for level in after["levels"]:
+        old = by_level.get(level["concurrency"])
+        if old is None:
+            continue
+        for key, title, spec in COMPARED:
+            b, a = lookup(old, key), lookup(level, key)
+            ratio = f"{a / b:.2f}×" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "n/a"
+            body.append([str(level["concurrency"]), title, fmt(b, spec), fmt(a, spec), ratio])
+    if not body:
+        return "No concurrency level in common with the earlier run."
+    return markdown_table(["concurrency", "metric", "before", "after", "after / before"], body)
+
+
+def plot(report: dict, memory_series: list[tuple[float, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = report["levels"]
+    conc = [lv["concurrency"] for lv in levels]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    axes[0].plot(conc, [lv["pages_per_s"] for lv in levels], "o-")
+    axes[0].set(title="Throughput", xlabel="concurrency", ylabel="pages/s")
+    axes[0].set_ylim(bottom=0)
+    for key, label in (("latency_p50_s", "p50"), ("latency_p99_s", "p99"), ("ttft_p50_s", "TTFT p50")):
+        axes[1].plot(conc, [lv[key] if lv[key] is not None else float("nan") for lv in levels], "o-", label=label)
+    axes[1].set(title="Latency", xlabel="concurrency", ylabel="seconds")
+    axes[1].legend()
+    if memory_series:
+        t0 = memory_series[0][0]
+        axes[2].plot([t - t0 for t, _ in memory_series], [v / 1024 for _, v in memory_series])
+        for lv in levels:
+            window = lv.get("window") or {}
+            if "start" in window:
+                axes[2].axvspan(window["start"] - t0, window["end"] - t0, alpha=0.1)
+                axes[2].text(window["start"] - t0, 0, f"c={lv['concurrency']}", fontsize=8)
+        axes[2].set(title="GPU memory used", xlabel="seconds", ylabel="GiB")
+    else:
+        axes[2].text(0.5, 0.5, "GPU memory: n/a (no GPU)", ha="center", va="center")
+        axes[2].set(title="GPU memory used")
+    for axis in axes[:2]:
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(conc, [str(c) for c in conc])
+        axis.grid(alpha=0.3)
+    fig.suptitle(f"{report['environment'].get('model')} — {report['environment'].get('started_at')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_reports(report: dict, memory_series: list[tuple[float, float]], out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "results.json", "markdown": out_dir / "report.md", "plot": out_dir / "plot.png"}
+    paths["json"].write_text(json.dumps(report, indent=2) + "\n")
+    paths["markdown"].write_text(markdown_report(report))
+    try:
+        plot(report, memory_series, paths["plot"])
+    except ImportError as exc:  # a GPU box without matplotlib still gets its numbers
+        print(f"warning: no plot ({exc}); pip install matplotlib")
+        del paths["plot"]
+    return paths

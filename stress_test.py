@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Threaded stress test for LightOnOCR-2-1B on vLLM: throughput, latency, GPU memory, KV cache.
+
+    python stress_test.py                                        # samples, concurrency 1,2,4, 8 requests each
+    python stress_test.py --images pages/ --concurrency 1,4,16,64 --requests 64 --out reports/h200
+    python stress_test.py --ignore-eos --max-tokens 1000         # fixed output length: repeatable timing
+    python stress_test.py --compare reports/before/results.json  # before/after table with ratios
+
+Each image (or PDF page) is prepared and encoded once, into the exact request body every
+request reuses; one HTTP session per worker thread. GPU memory is sampled in the
+background (NVML, else nvidia-smi, else n/a) together with vLLM's /metrics (KV-cache
+usage, running/waiting requests). Reports: a table on stdout, results.json, report.md
+and plot.png in --out. Exit status: 0 ok; 1 error rate above --max-error-rate; 2 the
+run could not start (bad arguments, server unreachable, no usable image).
+
+Precedence: flags > environment (VLLM_URL, VLLM_API_KEY, VLLM_MODEL) > defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ocr_bundle.client import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, OcrClient
+from ocr_bundle.images import (
+    MAX_PDF_PAGES_AT_ONCE,
+    InputError,
+    check_upload_size,
+    is_pdf,
+    pdf_page_count,
+    prepare_upload,
+    to_data_url,
+)
+from ocr_bundle.loadtest import Replayer, Workload, calculate_metrics, prepare_workload
+from ocr_bundle.report import aligned_table, client_verdict, compare, write_reports
+from ocr_bundle.samples import find_images
+from ocr_bundle.sampling import PeriodicSampler, open_gpu_probe, vllm_metrics_probe
+
+
+def concurrency_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from exc
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("concurrency levels must be integers >= 1")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=env("VLLM_URL", "http://127.0.0.1:8000"), help="vLLM base URL (env VLLM_URL)")
+    parser.add_argument("--model", default=env("VLLM_MODEL"), help="model name (env VLLM_MODEL; default: from /v1/models)")
+    parser.add_argument("--api-key", default=env("VLLM_API_KEY"), help="server API key (env VLLM_API_KEY)")
+    parser.add_argument("--images", nargs="+", metavar="PATH",
+                        help="image/PDF files or folders (default: the bundled sample pages)")
+    parser.add_argument("--concurrency", type=concurrency_list, default=[1, 2, 4],
+                        help="comma-separated levels (default 1,2,4)")
+    parser.add_argument("--requests", type=int, default=8, help="requests per level (default 8)")
+    parser.add_argument("--requests-per-concurrency", type=float, default=0.0,
+                        help="at least this many requests per unit of concurrency (e.g. 2 → 128 at 64); "
+                             "default 0: --requests only")
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the first level (default 2)")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="max_tokens per request (default 1024)")
+    parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="sampling temperature (0.2)")
+    parser.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, help="top_p (0.9)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="generate exactly --max-tokens tokens per page (vLLM extension): repeatable timing")
+    parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                        help="stream answers to measure time to first token (default on)")
+    parser.add_argument("--encoding", choices=("PNG", "JPEG"), default="PNG", help="page encoding sent (default PNG)")
+    parser.add_argument("--raw", action="store_true",
+                        help="send files as they are (no resize/re-encode): measures the server's own image handling")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per request (default 600)")
+    parser.add_argument("--sample-interval", type=float, default=0.2,
+                        help="seconds between GPU memory / metrics samples (default 0.2)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="report folder (default reports/stress-YYYYmmdd-HHMMSS)")
+    parser.add_argument("--compare", type=Path, help="an earlier results.json to compare against (before vs after)")
+    parser.add_argument("--label", default="", help="free text stored in the report (e.g. the server flags)")
+    parser.add_argument("--max-error-rate", type=float, default=0.0,
+                        help="exit 1 when failed/sent exceeds this fraction (default 0: any error fails)")
+    return parser
+
+
+def load_workloads(paths: list[Path], args: argparse.Namespace, model: str) -> list[Workload]:
+    """Prepare every page once. A file that cannot be prepared stays in the list as an error,
+    so the requests it would have made are counted as failures, not silently dropped."""
+    workloads = []
+    request_options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                           stream=args.stream, ignore_eos=args.ignore_eos)
+    for path in paths:
+        try:
+            data = path.read_bytes()
+            check_upload_size(data)
+            if args.raw:
+                mime = "application/pdf" if is_pdf(data) else "image/" + (path.suffix.lstrip(".").lower() or "png")
+                pages = [(path.name, to_data_url(data, mime))]
+            elif is_pdf(data):
+                count = min(pdf_page_count(data), MAX_PDF_PAGES_AT_ONCE)
+                pages = [(f"{path.name}#p{n}", prepare_upload(data, n, fmt=args.encoding).data_url)
+                         for n in range(1, count + 1)]
+            else:
+                pages = [(path.name, prepare_upload(data, fmt=args.encoding).data_url)]
+            workloads += [prepare_workload(name, url, None, model, **request_options) for name, url in pages]
+        except (InputError, OSError) as exc:
+            workloads.append(prepare_workload(path.name, None, f"unusable input {path.name}: {exc}", model,
+                                              **request_options))
+    return workloads
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    client = OcrClient(args.url, api_key=args.api_key, model=args.model, read_timeout=args.timeout)
+
+    status = client.status()
+    if not status.reachable:
+        print(f"error: cannot use the vLLM server at {client.base_url}: {status.error}", file=sys.stderr)
+        return 2
+    model = args.model or (status.models[0] if status.models else None)
+    if not model:
+        print("error: the server lists no model; pass --model", file=sys.stderr)
+        return 2
+    client._model = model
+    try:
+        paths = find_images(args.images)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    prep_start = time.perf_counter()
+    workloads = load_workloads(paths, args, model)
+    prep_s = time.perf_counter() - prep_start
+    usable = [w for w in workloads if w.body is not None]
+    for w in workloads:
+        if w.body is None:
+            print(f"warning: {w.error}", file=sys.stderr)
+    print(f"{len(usable)} page(s) ready of {len(workloads)} input(s) in {prep_s:.2f} s "
+          f"({sum(len(w.body) for w in usable) / 1e6:.1f} MB of request bodies, encoded once); "
+          f"model {model}, vLLM {status.version}, max_model_len {status.max_model_len}")
+    if not usable and not workloads:
+        print("error: no image to send", file=sys.stderr)
+        return 2
+
+    replayer = Replayer(client, args.max_tokens, args.stream, args.timeout)
+    gpu_probe, gpu_info = open_gpu_probe()
+    if gpu_probe is None:
+        print(f"GPU memory: n/a ({gpu_info.reason})")
+    gpu_sampler = PeriodicSampler(gpu_probe, args.sample_interval if gpu_info.backend == "nvml"
+                                  else max(args.sample_interval, 1.0), "gpu") if gpu_probe else None
+    metrics_sampler = PeriodicSampler(vllm_metrics_probe(client.base_url, client.headers()),
+                                      max(args.sample_interval, 0.25), "vllm-metrics")
+    gpu_idle = gpu_probe()["gpu_used_mib"] if gpu_probe else None
+
+    levels, request_rows = [], []
+    try:
+        if gpu_sampler:
+            gpu_sampler.__enter__()
+        metrics_sampler.__enter__()
+        if args.warmup > 0 and usable:
+            warm = replayer.run(usable, min(args.concurrency), args.warmup)
+            failed = sum(not r.ok for r in warm)
+            print(f"warm-up: {args.warmup} request(s), {failed} failed"
+                  + (f" ({warm[0].error if failed == len(warm) else 'some'})" if failed else ""))
+        for concurrency in args.concurrency:
+            count = max(args.requests, int(args.requests_per_concurrency * concurrency))
+            start = time.monotonic()
+            results = replayer.run(workloads, concurrency, count)
+            end = time.monotonic()
+            metrics = calculate_metrics(results, concurrency)
+            if gpu_sampler:
+                window = gpu_sampler.window("gpu_used_mib", start, end)
+                metrics.gpu_memory = {"peak_mib": window.peak, "mean_mib": window.mean, "samples": window.samples}
+            kv = metrics_sampler.window("vllm:kv_cache_usage_perc", start, end)
+            metrics.vllm = {
+                "kv_cache_usage_peak": kv.peak,
+                "kv_cache_usage_mean": kv.mean,
+                "running_peak": metrics_sampler.window("vllm:num_requests_running", start, end).peak,
+                "waiting_peak": metrics_sampler.window("vllm:num_requests_waiting", start, end).peak,
+            }
+            level = metrics.to_dict()
+            level["window"] = {"start": start, "end": end}
+            levels.append(level)
+            request_rows += [{"concurrency": concurrency, **r.__dict__} for r in results]
+            print(f"concurrency {concurrency}: {metrics.ok}/{metrics.requests} ok, {metrics.pages_per_s:.2f} pages/s, "
+                  f"p50 {metrics.latency_p50_s or float('nan'):.2f} s", flush=True)
+    finally:
+        metrics_sampler.__exit__(None, None, None)
+        if gpu_sampler:
+            gpu_sampler.__exit__(None, None, None)
+        if gpu_probe:
+            gpu_probe.close()
+
+    memory_series = gpu_sampler.series("gpu_used_mib") if gpu_sampler else []
+    report = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "environment": {
+            "started_at": started_at, "client_host": socket.gethostname(), "python": platform.python_version(),
+            "client_cpus": os.cpu_count(), "server_url": client.base_url, "model": model,
+            "vllm_version": status.version, "max_model_len": status.max_model_len,
+            "gpu": {"backend": gpu_info.backend, "names": list(gpu_info.names), "total_mib": gpu_info.total_mib,
+                    "reason": gpu_info.reason},
+            "label": args.label,
+        },
+        "images": [w.name for w in workloads],
+        "preparation_s": prep_s,
+        "gpu_idle_mib": gpu_idle,
+        "levels": levels,
+        "requests": request_rows,
+        "gpu_memory_series": [[t, v] for t, v in memory_series],
+    }
+    if args.compare:
+        try:
+            report["comparison"] = compare(json.loads(args.compare.read_text()), report)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"warning: cannot compare with {args.compare}: {exc}", file=sys.stderr)
+    out = args.out or Path("reports") / f"stress-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    paths = write_reports(report, memory_series, out)
+
+    print()
+    print(aligned_table(report))
+    print()
+    print(client_verdict(report))
+    if report.get("comparison"):
+        print("\n" + report["comparison"])
+    sent = sum(level["requests"] for level in levels)
+    failed = sum(level["errors"] for level in levels)
+    for level in levels:
+        for message, n in level["errors_by_message"].items():
+            print(f"  c={level['concurrency']}: {n} × {message}")
+    print("\nreports: " + ", ".join(str(p) for p in paths.values()))
+    rate = failed / sent if sent else 1.0
+    if rate > args.max_error_rate:
+        print(f"FAILED: {failed} of {sent} requests failed ({rate:.1%} > --max-error-rate {args.max_error_rate:.1%})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
