@@ -172,10 +172,14 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str)
     """The vLLM argument list and the extra environment; pure, so it can be tested."""
     model = os.path.expanduser(args.model) if looks_like_path(args.model) else args.model
     served = args.served_model_name or (Path(model).name if looks_like_path(args.model) else args.model)
-    # `python -m` rather than the `vllm` command: the CPU wheel's `vllm` entry point looks up
-    # a distribution named "vllm", and --target installs have no entry points at all.
+    # `python -m` rather than the `vllm` command: --target installs have no entry points.
+    # On GPUs, `vllm serve` (cli.main) is what handles --api-server-count and internal data-parallel
+    # load balancing; the CPU wheel's cli.main looks up a distribution named "vllm" and fails,
+    # so there the OpenAI server module is started directly (same server, same flags).
+    entry = (["vllm.entrypoints.cli.main", "serve"] if device == "cuda"
+             else ["vllm.entrypoints.openai.api_server"])
     command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        sys.executable, "-m", *entry,
         "--model", model,
         "--served-model-name", served,
         "--host", args.host,

@@ -61,5 +61,5 @@ stop_service() {
   echo "$name: stopped"
 }
 
-VLLM_MARKER="vllm.entrypoints.openai.api_server"
+VLLM_MARKER="vllm.entrypoints"  # cli.main serve (GPU) or openai.api_server (CPU)
 UI_MARKER="app_vllm.py"
