@@ -89,51 +89,66 @@ def format_stats(results: list[tuple[PreparedImage, OcrResult]], wall_s: float) 
     return "  \n".join(lines)
 
 
-def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.Blocks:
-    """The page, without launching it (tests build it too)."""
+class OcrPage:
+    """The page's event handlers, separate from the layout so tests can call them directly.
 
-    def server_status() -> str:
-        return client.status().describe()
+    Handlers raise gr.Error with a message for people; Gradio shows it as a toast and the
+    page stays usable."""
 
-    def on_upload(path: str | None):
+    def __init__(self, client: OcrClient, settings: PageSettings = PageSettings()):
+        self.client = client
+        self.settings = settings
+
+    def server_status(self) -> str:
+        return self.client.status().describe()
+
+    def _read(self, path: str | None) -> bytes:
+        try:
+            return read_upload(path, self.settings.max_upload_bytes)
+        except InputError as exc:
+            raise gr.Error(str(exc), print_exception=False) from exc
+
+    def on_upload(self, path: str | None):
         """Show a page picker for PDFs and a preview of what will be sent."""
         if not path:
             return gr.update(visible=False, value=1, maximum=2), gr.update(visible=False), None
+        data = self._read(path)
         try:
-            data = read_upload(path, settings.max_upload_bytes)
-            count = pdf_page_count(data, settings.max_upload_bytes) if is_pdf(data) else 1
-            preview = prepare_upload(data, 1, max_bytes=settings.max_upload_bytes)
+            count = pdf_page_count(data, self.settings.max_upload_bytes) if is_pdf(data) else 1
+            preview = prepare_upload(data, 1, max_bytes=self.settings.max_upload_bytes)
         except InputError as exc:
             raise gr.Error(str(exc), print_exception=False) from exc
         is_multi = count > 1
         return (gr.update(visible=is_multi, value=1, maximum=max(count, 2), label=f"Page (of {count})"),
                 gr.update(visible=is_multi), preview.data_url)
 
-    def on_page_change(path: str | None, page: int):
+    def on_page_change(self, path: str | None, page: int):
         if not path:
             return None
+        data = self._read(path)
         try:
-            data = read_upload(path, settings.max_upload_bytes)
-            return prepare_upload(data, int(page), max_bytes=settings.max_upload_bytes).data_url
+            return prepare_upload(data, int(page), max_bytes=self.settings.max_upload_bytes).data_url
         except InputError as exc:
             raise gr.Error(str(exc), print_exception=False) from exc
 
-    def extract(path: str | None, page: int, all_pages: bool, max_tokens: int, temperature: float,
-                encoding: str) -> Iterator[tuple[str, str, str]]:
+    def extract(self, path: str | None, page: int = 1, all_pages: bool = False,
+                max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = DEFAULT_TEMPERATURE,
+                encoding: str = "PNG") -> Iterator[tuple[str, str, str]]:
+        """Stream (rendered markdown, raw text, stats) while the pages are read."""
         start = time.perf_counter()
+        data = self._read(path)
         try:
-            data = read_upload(path, settings.max_upload_bytes)
-            numbers = pages_to_process(data, int(page or 1), bool(all_pages), settings.max_upload_bytes)
+            numbers = pages_to_process(data, int(page or 1), bool(all_pages), self.settings.max_upload_bytes)
         except InputError as exc:
             raise gr.Error(str(exc), print_exception=False) from exc
         texts: list[str] = []
         done: list[tuple[PreparedImage, OcrResult]] = []
         for number in numbers:
             try:
-                image = prepare_upload(data, number, fmt=encoding, max_bytes=settings.max_upload_bytes)
+                image = prepare_upload(data, number, fmt=encoding, max_bytes=self.settings.max_upload_bytes)
                 current = ""
-                for event in client.stream_ocr(image.data_url, max_tokens=int(max_tokens),
-                                               temperature=float(temperature)):
+                for event in self.client.stream_ocr(image.data_url, max_tokens=int(max_tokens),
+                                                    temperature=float(temperature)):
                     if isinstance(event, OcrResult):
                         done.append((image, event))
                     else:
@@ -146,6 +161,13 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
                 raise gr.Error(f"{exc}{where}", print_exception=False) from exc
         text = PAGE_SEPARATOR.join(texts)
         yield text, text, format_stats(done, time.perf_counter() - start)
+
+
+def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.Blocks:
+    """The page, without launching it (tests build it too)."""
+    handlers = OcrPage(client, settings)
+    server_status, on_upload, on_page_change, extract = (
+        handlers.server_status, handlers.on_upload, handlers.on_page_change, handlers.extract)
 
     with gr.Blocks(title="LightOnOCR-2-1B · vLLM") as page:
         gr.Markdown("# LightOnOCR-2-1B on vLLM\nUpload a page image or a PDF; the text streams in as Markdown.")

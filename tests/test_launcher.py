@@ -1,0 +1,119 @@
+"""start_vllm_server.py: the vLLM command it builds, and the errors it gives before vLLM starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import PYTHON, ROOT
+
+sys.path.insert(0, str(ROOT))
+import start_vllm_server as launcher  # noqa: E402
+
+
+def command_for(argv: list[str], device: str = "cuda", env: dict | None = None, monkeypatch=None):
+    if monkeypatch is not None:
+        for key in ("MODEL", "HOST", "PORT", "VLLM_API_KEY", "MAX_MODEL_LEN", "GPU_MEMORY_UTILIZATION"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+    own, passthrough = launcher.split_passthrough(argv)
+    args = launcher.build_parser().parse_args(own)
+    return launcher.build_command(args, passthrough, device)
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_defaults_on_gpu(monkeypatch):
+    command, env = command_for([], monkeypatch=monkeypatch)
+    assert command[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "--model"]
+    assert flag(command, "--model") == "lightonai/LightOnOCR-2-1B"
+    assert flag(command, "--served-model-name") == "lightonai/LightOnOCR-2-1B"
+    assert flag(command, "--host") == "127.0.0.1" and flag(command, "--port") == "8000"
+    assert flag(command, "--max-model-len") == "8192"
+    assert json.loads(flag(command, "--limit-mm-per-prompt")) == {"image": 1}
+    assert flag(command, "--mm-processor-cache-gb") == "0"
+    assert "--no-enable-prefix-caching" in command
+    assert flag(command, "--gpu-memory-utilization") == "0.9"
+    assert env == {}
+
+
+def test_cpu_backend_sets_its_environment(monkeypatch):
+    command, env = command_for(["--cpu-kv-cache-gb", "3"], device="cpu", monkeypatch=monkeypatch)
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert "--gpu-memory-utilization" not in command
+    assert env == {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "3"}
+
+
+def test_scaling_flags_and_passthrough(monkeypatch):
+    command, _ = command_for(["-tp", "2", "--data-parallel-size", "4", "--max-num-seqs", "512",
+                              "--max-num-batched-tokens", "4096", "--enable-prefix-caching",
+                              "--", "--api-server-count", "4", "--enforce-eager"], monkeypatch=monkeypatch)
+    assert flag(command, "--tensor-parallel-size") == "2" and flag(command, "--data-parallel-size") == "4"
+    assert flag(command, "--max-num-seqs") == "512" and flag(command, "--max-num-batched-tokens") == "4096"
+    assert "--enable-prefix-caching" in command and "--no-enable-prefix-caching" not in command
+    assert command[-3:] == ["--api-server-count", "4", "--enforce-eager"]
+
+
+def test_precedence_flag_over_env_over_default(monkeypatch):
+    command, env = command_for([], env={"PORT": "9001", "HOST": "0.0.0.0", "VLLM_API_KEY": "k"},
+                               monkeypatch=monkeypatch)
+    assert flag(command, "--port") == "9001" and flag(command, "--host") == "0.0.0.0"
+    assert env["VLLM_API_KEY"] == "k" and "k" not in command  # the key never shows in ps
+    command, _ = command_for(["--port", "9002"], env={"PORT": "9001"}, monkeypatch=monkeypatch)
+    assert flag(command, "--port") == "9002"
+
+
+def test_local_folder_gets_its_name_as_served_model(tiny_checkpoint, monkeypatch):
+    command, _ = command_for(["--model", str(tiny_checkpoint)], monkeypatch=monkeypatch)
+    assert flag(command, "--served-model-name") == "lightonocr-tiny"
+
+
+def run_launcher(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([PYTHON, str(ROOT / "start_vllm_server.py"), *argv], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_dry_run_prints_the_command_and_hides_the_key(tiny_checkpoint):
+    done = run_launcher("--model", str(tiny_checkpoint), "--dry-run", env={"VLLM_API_KEY": "secret-key"})
+    assert done.returncode == 0, done.stderr
+    assert "cpu backend" in done.stdout and "VLLM_API_KEY='***'" in done.stdout
+    assert "secret-key" not in done.stdout + done.stderr
+    assert "--max-model-len 8192" in done.stdout
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: None, "does not exist"),
+    (lambda d: d.mkdir(), "has no config.json"),
+    (lambda d: (d.mkdir(), (d / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')),
+     "not a LightOnOCR checkpoint"),
+])
+def test_bad_model_folder_fails_before_vllm_starts(tmp_path: Path, make, message):
+    folder = tmp_path / "model"
+    make(folder)
+    done = run_launcher("--model", str(folder))
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_missing_vllm_is_explained():
+    done = subprocess.run(["python3", str(ROOT / "start_vllm_server.py")], capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"})
+    assert done.returncode == 2
+    assert "vLLM is not installed" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_help_documents_every_flag():
+    done = run_launcher("--help")
+    parser = launcher.build_parser()
+    for action in parser._actions:
+        assert action.help, action.dest
+    assert "4096" in done.stdout and "env MODEL" in done.stdout

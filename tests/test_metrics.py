@@ -1,0 +1,59 @@
+"""Stress-test metrics from hand-made results: exact numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from ocr_bundle.loadtest import RequestResult, calculate_metrics, group_errors, percentile
+
+
+def result(latency: float, start: float = 0.0, ok: bool = True, error: str | None = None, ttft: float | None = 0.1,
+           tokens: int = 100, cpu: float = 0.002) -> RequestResult:
+    return RequestResult(ok=ok, image="page.png", status=200 if ok else 500, error=error, latency_s=latency,
+                         ttft_s=ttft if ok else None, prompt_tokens=2150 if ok else None,
+                         completion_tokens=tokens if ok else None, start_s=start, end_s=start + latency,
+                         client_cpu_s=cpu)
+
+
+def test_percentile_matches_linear_interpolation():
+    values = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert percentile(values, 50) == 5.5
+    assert percentile(values, 90) == pytest.approx(9.1)
+    assert percentile(values, 99) == pytest.approx(9.91)
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([], 50) is None
+    assert percentile([5, 1, 3], 50) == 3  # order does not matter
+
+
+def test_group_errors_counts_identical_messages_most_frequent_first():
+    results = [result(1), result(1, ok=False, error="B"), result(1, ok=False, error="A"),
+               result(1, ok=False, error="B"), result(1, ok=False, error=None)]
+    assert list(group_errors(results).items()) == [("B", 2), ("A", 1), ("unknown error", 1)]
+
+
+def test_calculate_metrics_exact():
+    # Two in flight: [0, 2] and [0, 4], then [2, 3] — 3 ok pages over 4 s, one failure.
+    results = [result(2.0, 0.0, tokens=100), result(4.0, 0.0, tokens=200), result(1.0, 2.0, tokens=300),
+               result(0.5, 3.0, ok=False, error="boom")]
+    m = calculate_metrics(results, concurrency=2)
+    assert (m.requests, m.ok, m.errors) == (4, 3, 1)
+    assert m.duration_s == 4.0
+    assert m.pages_per_s == 0.75
+    assert m.output_tokens_per_s == 150.0
+    assert m.prompt_tokens_per_s == 3 * 2150 / 4
+    assert m.achieved_concurrency == (2 + 4 + 1 + 0.5) / 4
+    assert m.latency_mean_s == pytest.approx(7 / 3)
+    assert m.latency_p50_s == 2.0
+    assert m.latency_p90_s == pytest.approx(3.6)
+    assert m.ttft_p50_s == 0.1
+    assert m.mean_output_tokens == 200.0
+    assert m.errors_by_message == {"boom": 1}
+    assert m.client_cpu_per_request_s == pytest.approx(0.002)
+    assert m.client_max_pages_per_s == pytest.approx(500)
+
+
+def test_metrics_of_all_failures_and_of_nothing():
+    failed = calculate_metrics([result(1.0, ok=False, error="down")], concurrency=1)
+    assert failed.pages_per_s == 0 and failed.latency_p50_s is None and failed.errors == 1
+    empty = calculate_metrics([], concurrency=4)
+    assert empty.requests == 0 and empty.pages_per_s == 0 and empty.client_cpu_per_request_s is None

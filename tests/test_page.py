@@ -1,0 +1,77 @@
+"""The page's handlers against the real CPU vLLM server (the browser test drives the page itself)."""
+
+from __future__ import annotations
+
+import re
+
+import gradio as gr
+import pytest
+
+from app_vllm import OcrPage, PageSettings, build_ui, pages_to_process, parse_auth
+from ocr_bundle.client import OcrClient
+from ocr_bundle.samples import sample_path
+from test_images import make_pdf
+
+
+@pytest.fixture()
+def page(vllm_server) -> OcrPage:
+    return OcrPage(OcrClient(vllm_server.url))
+
+
+def test_build_ui_without_launching(vllm_server):
+    blocks = build_ui(OcrClient(vllm_server.url))
+    assert isinstance(blocks, gr.Blocks)
+
+
+def test_extract_streams_text_then_stats(page: OcrPage):
+    updates = list(page.extract(str(sample_path("english_a4_document.png")), max_tokens=24))
+    assert len(updates) >= 3  # several partial updates: the text streams in
+    rendered, raw, stats = updates[-1]
+    assert rendered == raw and raw.strip()
+    assert updates[0][1] != raw and raw.startswith(updates[0][1].rstrip()[:5])
+    prompt_tokens = int(re.search(r"([\d,]+) prompt \+", stats).group(1).replace(",", ""))
+    assert prompt_tokens > 2000  # an A4 page at 1540 px
+    assert "24 output tokens" in stats and "1089×1540" in stats
+
+
+def test_pdf_pages_all_at_once(page: OcrPage, tmp_path):
+    pdf = tmp_path / "three pages é.pdf"
+    pdf.write_bytes(make_pdf(3))
+    rendered, raw, stats = list(page.extract(str(pdf), all_pages=True, max_tokens=4))[-1]
+    assert stats.startswith("**3 page(s)**") and raw.count("---") == 2
+
+
+def test_corrupt_file_is_a_message_and_the_page_keeps_working(page: OcrPage, tmp_path):
+    bad = tmp_path / "scan.png"
+    bad.write_bytes(b"not an image at all")
+    with pytest.raises(gr.Error, match="not an image"):
+        list(page.extract(str(bad)))
+    assert list(page.extract(str(sample_path("table_screenshot.png")), max_tokens=2))[-1][1]
+
+
+def test_server_down_is_a_message(tmp_path):
+    from helpers import free_port
+
+    dead = OcrPage(OcrClient(f"http://127.0.0.1:{free_port()}", model="m"))
+    with pytest.raises(gr.Error, match="Cannot reach the vLLM server"):
+        list(dead.extract(str(sample_path("table_screenshot.png"))))
+    assert "unreachable" in dead.server_status()
+
+
+def test_upload_limit_and_page_picker(vllm_server, tmp_path):
+    small = OcrPage(OcrClient(vllm_server.url), PageSettings(max_upload_bytes=10_000))
+    with pytest.raises(gr.Error, match="limit is"):
+        small.on_upload(str(sample_path("english_a4_document.png")))
+    pdf = tmp_path / "doc.pdf"
+    pdf.write_bytes(make_pdf(5))
+    picker, all_pages, preview = OcrPage(OcrClient(vllm_server.url)).on_upload(str(pdf))
+    assert picker["visible"] and picker["maximum"] == 5 and all_pages["visible"]
+    assert preview.startswith("data:image/png;base64,")
+    assert pages_to_process(pdf.read_bytes(), 2, False, 10**8) == [2]
+
+
+def test_parse_auth():
+    assert parse_auth("a:b,c:d:e") == [("a", "b"), ("c", "d:e")]
+    assert parse_auth(None) is None
+    with pytest.raises(SystemExit):
+        parse_auth("nopassword")

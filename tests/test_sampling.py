@@ -1,0 +1,117 @@
+"""GPU memory sampling with a fake NVML / fake nvidia-smi / no GPU, and /metrics parsing."""
+
+from __future__ import annotations
+
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from ocr_bundle.sampling import PeriodicSampler, open_gpu_probe, parse_prometheus
+
+MIB = 2**20
+
+
+class FakeNvml:
+    """Two GPUs whose used memory follows a script; records init/shutdown."""
+
+    def __init__(self, used_mib=((1000, 2000), (1500, 2500)), fail_init: bool = False):
+        self.script = list(used_mib)
+        self.calls = 0
+        self.fail_init = fail_init
+        self.initialised = self.shut_down = False
+
+    def nvmlInit(self):
+        if self.fail_init:
+            raise RuntimeError("NVML Shared Library Not Found")
+        self.initialised = True
+
+    def nvmlShutdown(self):
+        self.shut_down = True
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetName(self, handle):
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        row = self.script[min(self.calls // 2, len(self.script) - 1)]
+        self.calls += 1
+        return SimpleNamespace(used=row[handle] * MIB, total=143771 * MIB)
+
+
+def test_nvml_probe_sums_devices_and_shuts_down():
+    nvml = FakeNvml()
+    probe, info = open_gpu_probe(nvml=nvml)
+    assert info.backend == "nvml" and info.names == ("NVIDIA H200", "NVIDIA H200")
+    assert info.total_mib == 2 * 143771
+    # total_mib read one row (2 calls); next reads follow the script
+    assert probe() == {"gpu_used_mib": 4000.0}
+    probe.close()
+    assert nvml.shut_down
+
+
+def test_nvidia_smi_is_the_fallback():
+    def fake_run(cmd, **kwargs):
+        assert cmd[0] == "nvidia-smi"
+        return subprocess.CompletedProcess(cmd, 0, stdout="1200, 143771, NVIDIA H200\n300, 143771, NVIDIA H200\n")
+
+    probe, info = open_gpu_probe(nvml=FakeNvml(fail_init=True), smi_run=fake_run)
+    assert info.backend == "nvidia-smi" and info.names == ("NVIDIA H200", "NVIDIA H200")
+    assert probe() == {"gpu_used_mib": 1500.0}
+
+
+def test_no_gpu_gives_no_probe_and_a_reason():
+    def failing_run(cmd, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+
+    probe, info = open_gpu_probe(nvml=FakeNvml(fail_init=True), smi_run=failing_run)
+    assert probe is None and info.backend == "none"
+    assert "NVML Shared Library Not Found" in info.reason and "nvidia-smi" in info.reason
+
+
+def test_sampler_windows_with_a_fake_clock():
+    clock = iter([1.0, 2.0, 3.0, 4.0])
+    values = iter([10.0, 30.0, 20.0, 50.0])
+    sampler = PeriodicSampler(lambda: {"m": next(values)}, 0.01, "test", clock=lambda: next(clock))
+    for _ in range(4):
+        sampler.sample_once()
+    window = sampler.window("m", 1.5, 3.5)
+    assert (window.peak, window.mean, window.samples) == (30.0, 25.0, 2)
+    assert sampler.window("m", 10, 20).peak is None
+    assert sampler.series("m")[0] == (1.0, 10.0)
+
+
+def test_a_failing_probe_warns_once_and_the_workload_continues():
+    def broken():
+        raise RuntimeError("GPU fell off the bus")
+
+    with pytest.warns(RuntimeWarning, match="GPU fell off the bus"):
+        with PeriodicSampler(broken, 0.001, "gpu") as sampler:
+            sampler._stop.wait(0.05)
+    assert sampler.samples == [] and "GPU fell off the bus" in sampler.error
+
+
+def test_sampler_thread_collects_and_stops():
+    with PeriodicSampler(lambda: {"m": 1.0}, 0.005, "t") as sampler:
+        sampler._stop.wait(0.1)
+    assert len(sampler.samples) >= 3
+    assert not sampler._thread.is_alive()
+
+
+def test_parse_prometheus_folds_engines():
+    text = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 4.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 9.0
+"""
+    assert parse_prometheus(text) == {"vllm:kv_cache_usage_perc": 0.5, "vllm:num_requests_running": 7.0,
+                                      "vllm:num_requests_waiting": 1.0}
+    assert parse_prometheus('vllm:gpu_cache_usage_perc{a="b"} 0.1') == {"vllm:kv_cache_usage_perc": 0.1}
