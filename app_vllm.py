@@ -29,6 +29,7 @@ from ocr_bundle.images import (
     MAX_UPLOAD_BYTES,
     InputError,
     PreparedImage,
+    decode_data_url,
     is_pdf,
     pdf_page_count,
     prepare_upload,
@@ -120,14 +121,14 @@ class OcrPage:
             raise gr.Error(str(exc), print_exception=False) from exc
         is_multi = count > 1
         return (gr.update(visible=is_multi, value=1, maximum=max(count, 2), label=f"Page (of {count})"),
-                gr.update(visible=is_multi), preview.data_url)
+                gr.update(visible=is_multi), decode_data_url(preview.data_url))
 
     def on_page_change(self, path: str | None, page: int):
         if not path:
             return None
         data = self._read(path)
         try:
-            return prepare_upload(data, int(page), max_bytes=self.settings.max_upload_bytes).data_url
+            return decode_data_url(prepare_upload(data, int(page), max_bytes=self.settings.max_upload_bytes).data_url)
         except InputError as exc:
             raise gr.Error(str(exc), print_exception=False) from exc
 

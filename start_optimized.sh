@@ -86,9 +86,12 @@ if [[ -z "$MODEL" ]]; then
       "$PYTHON" "$ROOT/scripts/make_checkpoint.py" --preset tiny --out "$TINY_CHECKPOINT" >/dev/null
     fi
     MODEL="$TINY_CHECKPOINT"
-    say "no GPU: serving the generated random-weight checkpoint on vLLM's CPU backend."
-    say "It answers with random text; real OCR needs the real weights (MODEL=lightonai/LightOnOCR-2-1B) on a GPU."
+    say "no GPU: serving the generated test checkpoint on vLLM's CPU backend."
   fi
+fi
+if [[ -f "$MODEL/random_weights.json" ]]; then
+  say "$MODEL has random weights: it answers with random text."
+  say "Real OCR needs the real weights (MODEL=lightonai/LightOnOCR-2-1B or a local copy), best on a GPU."
 fi
 
 # ---- security warnings

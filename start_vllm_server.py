@@ -238,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.host in ("0.0.0.0", "::") and not args.api_key:
         print("WARNING: binding to all interfaces without an API key: anyone who can reach this machine "
               "can use the server. Set --api-key or VLLM_API_KEY.", file=sys.stderr)
+    if looks_like_path(args.model) and (Path(os.path.expanduser(args.model)) / "random_weights.json").exists():
+        print("note: this is a generated random-weight checkpoint: it answers with random text. "
+              "Real OCR needs the real weights (lightonai/LightOnOCR-2-1B).", file=sys.stderr)
     command, env = build_command(args, passthrough, device)
     print(f"[start_vllm_server] {device} backend: {redact(command, env)}", flush=True)
     if args.dry_run:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ocr_bundle.images import prepare_image_bytes  # noqa: E402
+from ocr_bundle.images import decode_data_url, prepare_image_bytes  # noqa: E402
 
 
 def main() -> int:
@@ -30,11 +30,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON result file")
     args = parser.parse_args()
 
-    import base64
-    import io
-
     import torch
-    from PIL import Image
     from transformers import AutoProcessor, LightOnOcrForConditionalGeneration
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -42,7 +38,7 @@ def main() -> int:
     processor = AutoProcessor.from_pretrained(args.model)
     # The same prepared page the bundle sends (1540 px longest edge, PNG).
     prepared = prepare_image_bytes(args.image.read_bytes())
-    image = Image.open(io.BytesIO(base64.b64decode(prepared.data_url.split(",", 1)[1]))).convert("RGB")
+    image = decode_data_url(prepared.data_url).convert("RGB")
     messages = [{"role": "user", "content": [{"type": "image"}]}]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 

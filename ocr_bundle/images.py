@@ -129,6 +129,11 @@ def to_data_url(payload: bytes, mime_type: str) -> str:
     return f"data:{mime_type};base64,{base64.b64encode(payload).decode('ascii')}"
 
 
+def decode_data_url(data_url: str) -> Image.Image:
+    """The image inside a data URL (for previews and for the transformers baseline)."""
+    return Image.open(io.BytesIO(base64.b64decode(data_url.split(",", 1)[1])))
+
+
 def prepare_pil_image(
     image: Image.Image,
     fmt: str = "PNG",

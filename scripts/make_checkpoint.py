@@ -37,6 +37,7 @@ SPECIAL_TOKEN_OFFSETS = {
     "<|image_pad|>": 12,
 }
 SPECIAL_BLOCK = 293
+RANDOM_WEIGHTS_MARKER = "random_weights.json"
 IMAGE_TOKEN, IMAGE_BREAK_TOKEN, IMAGE_END_TOKEN = "<|image_pad|>", "<|vision_pad|>", "<|vision_end|>"
 
 # The page image is the whole prompt (the model repeats text prompts, so none is sent).
@@ -261,6 +262,9 @@ def write_checkpoint(preset_name: str, out: Path, seed: int = 0) -> int:
         "temperature": 0.2, "top_p": 0.9, "do_sample": True,
     }, indent=2) + "\n")
     build_processor(build_tokenizer(preset.vocab_size)).save_pretrained(out)
+    # The marker the launcher and start_optimized.sh look for to say "random text ahead".
+    (out / RANDOM_WEIGHTS_MARKER).write_text(json.dumps({"preset": preset_name, "seed": seed,
+                                                          "parameters": n_params}) + "\n")
     (out / "README.md").write_text(
         f"Random-weight LightOnOCR-2-1B-layout checkpoint, preset '{preset_name}', seed {seed}, "
         f"{n_params:,} parameters.\nWritten by scripts/make_checkpoint.py. It emits random "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import io
 
 import numpy as np
@@ -11,6 +10,7 @@ from PIL import Image
 
 from ocr_bundle.images import (
     InputError,
+    decode_data_url,
     fit_longest_edge,
     is_pdf,
     pdf_page_count,
@@ -27,7 +27,7 @@ def encode(image: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
 
 
 def decode(data_url: str) -> Image.Image:
-    return Image.open(io.BytesIO(base64.b64decode(data_url.split(",", 1)[1])))
+    return decode_data_url(data_url)
 
 
 def make_pdf(pages: int, size_pt: tuple[float, float] = (595, 842)) -> bytes:

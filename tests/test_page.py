@@ -66,7 +66,7 @@ def test_upload_limit_and_page_picker(vllm_server, tmp_path):
     pdf.write_bytes(make_pdf(5))
     picker, all_pages, preview = OcrPage(OcrClient(vllm_server.url)).on_upload(str(pdf))
     assert picker["visible"] and picker["maximum"] == 5 and all_pages["visible"]
-    assert preview.startswith("data:image/png;base64,")
+    assert preview.size == (1089, 1540)  # the page as it will be sent
     assert pages_to_process(pdf.read_bytes(), 2, False, 10**8) == [2]
 
 

@@ -1,0 +1,124 @@
+"""start_optimized.sh / stop_optimized.sh with real processes on the CPU backend."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+
+from conftest import TEST_MAX_MODEL_LEN
+from helpers import PYTHON, ROOT, free_port, process_group_alive
+from ocr_bundle.client import OcrClient, OcrError
+from ocr_bundle.images import prepare_image_bytes
+from ocr_bundle.samples import sample_path
+
+
+def script(name: str, env: dict[str, str], *argv: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / name), *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, **env})
+
+
+@pytest.fixture()
+def lifecycle_env(tmp_path: Path, tiny_checkpoint: Path) -> dict[str, str]:
+    return {"RUN_DIR": str(tmp_path / "run"), "PORT": str(free_port()), "UI_PORT": str(free_port()),
+            "MODEL": str(tiny_checkpoint), "PYTHON": PYTHON, "STOP_GRACE": "20", "VLLM_API_KEY": "", "UI_AUTH": "",
+            "HOST": "127.0.0.1", "UI_HOST": "127.0.0.1"}
+
+
+def group_members(pgid: int) -> list[str]:
+    done = subprocess.run(["ps", "-o", "pid=,args=", "-g", str(pgid)], capture_output=True, text=True)
+    return [line for line in done.stdout.splitlines() if line.strip()]
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_start_health_page_stop_cycle(lifecycle_env):
+    env = lifecycle_env
+    run_dir = Path(env["RUN_DIR"])
+    started = script("start_optimized.sh", env, "--max-model-len", str(TEST_MAX_MODEL_LEN), "--cpu-kv-cache-gb", "1")
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert f"Page:      http://127.0.0.1:{env['UI_PORT']}" in started.stdout
+        assert f"vLLM API:  http://127.0.0.1:{env['PORT']}/v1" in started.stdout
+        assert "random text" in started.stdout  # says plainly this is not real OCR
+        vllm_pid = int((run_dir / "vllm.pid").read_text())
+        ui_pid = int((run_dir / "ui.pid").read_text())
+        assert group_members(vllm_pid) and group_members(ui_pid)
+        assert requests.get(f"http://127.0.0.1:{env['PORT']}/health", timeout=5).status_code == 200
+        page = requests.get(f"http://127.0.0.1:{env['UI_PORT']}/", timeout=10)
+        assert page.status_code == 200 and "gradio" in page.text.lower()
+
+        twice = script("start_optimized.sh", env, timeout=60)
+        assert twice.returncode == 1 and "already running" in twice.stderr
+
+        # Requests in flight while stopping: they fail cleanly, and nothing is left behind.
+        page_url = prepare_image_bytes(sample_path("english_a4_document.png").read_bytes()).data_url
+        outcomes: list[str] = []
+
+        def long_request():
+            try:
+                OcrClient(f"http://127.0.0.1:{env['PORT']}").ocr(page_url, max_tokens=2000, ignore_eos=True)
+                outcomes.append("finished")
+            except OcrError as exc:
+                outcomes.append(exc.kind)
+
+        threads = [threading.Thread(target=long_request) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+    finally:
+        stopped = script("stop_optimized.sh", env, timeout=120)
+    for thread in threads:
+        thread.join(timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "ui: stopped" in stopped.stdout and "vllm: stopped" in stopped.stdout
+    assert not process_group_alive(vllm_pid) and not process_group_alive(ui_pid)
+    assert not group_members(vllm_pid) and not group_members(ui_pid)
+    assert not (run_dir / "vllm.pid").exists() and not (run_dir / "ui.pid").exists()
+    assert not listening(int(env["PORT"])) and not listening(int(env["UI_PORT"]))
+    assert len(outcomes) == 3 and set(outcomes) <= {"finished", "connection", "bad_response", "http"}
+
+    again = script("stop_optimized.sh", env, timeout=60)
+    assert again.returncode == 0 and "vllm: not running" in again.stdout
+
+
+def test_bad_model_fails_fast_with_the_log_and_leaves_nothing(lifecycle_env, tmp_path):
+    env = {**lifecycle_env, "MODEL": str(tmp_path / "no-such-model"), "HOST": "0.0.0.0"}
+    done = script("start_optimized.sh", env, timeout=120)
+    assert done.returncode != 0
+    assert "WARNING: vLLM listens on all interfaces WITHOUT an API key" in done.stderr
+    assert "last lines of" in done.stderr and "does not exist" in done.stderr
+    assert "nothing left running" in done.stderr
+    assert not (Path(env["RUN_DIR"]) / "vllm.pid").exists()
+    assert not listening(int(env["PORT"]))
+
+
+def test_port_already_taken_is_refused_before_anything_starts(lifecycle_env):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", int(lifecycle_env["PORT"])))
+        squatter.listen()
+        done = script("start_optimized.sh", lifecycle_env, timeout=60)
+    assert done.returncode == 1
+    assert f"port {lifecycle_env['PORT']} (vLLM) is already in use" in done.stderr
+    assert not (Path(lifecycle_env["RUN_DIR"]) / "vllm.pid").exists()
+
+
+def test_stop_never_touches_a_recycled_pid(lifecycle_env):
+    """A stale PID file naming someone else's process is removed, the process left alone."""
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        run_dir = Path(lifecycle_env["RUN_DIR"])
+        run_dir.mkdir(parents=True)
+        (run_dir / "vllm.pid").write_text(str(bystander.pid))
+        done = script("stop_optimized.sh", lifecycle_env, timeout=60)
+        assert done.returncode == 0 and "stale PID file" in done.stdout
+        assert bystander.poll() is None  # still running
+    finally:
+        bystander.kill()
