@@ -74,7 +74,7 @@ def client_verdict(report: dict) -> str:
             continue
         ratio = capacity / measured
         verdict = "not the bottleneck" if ratio >= 2 else "MAY LIMIT THE MEASUREMENT"
-        lines.append(f"concurrency {level['concurrency']}: client CPU {level['client_cpu_per_request_s'] * 1000:.1f} ms "
+        lines.append(f"- concurrency {level['concurrency']}: client CPU {level['client_cpu_per_request_s'] * 1000:.1f} ms "
                      f"per request → one core drives ~{capacity:,.0f} pages/s, {ratio:,.0f}× the measured "
                      f"{measured:.2f} pages/s: {verdict}")
     return "\n".join(lines)
