@@ -205,7 +205,7 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
         page_number.release(on_page_change, [upload, page_number], [preview],
                             concurrency_limit=settings.concurrency)
         extract_button.click(extract, [upload, page_number, all_pages, max_tokens, temperature, encoding],
-                             [rendered, raw, stats], concurrency_limit=settings.concurrency)
+                             [rendered, raw, stats], concurrency_limit=settings.concurrency, api_name="extract")
         refresh.click(server_status, None, status)
         gr.Timer(15).tick(server_status, None, status)  # the line follows a server restart
     return page

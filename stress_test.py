@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if not model:
         print("error: the server lists no model; pass --model", file=sys.stderr)
         return 2
-    client._model = model
+    client = OcrClient(args.url, api_key=args.api_key, model=model, read_timeout=args.timeout)
     try:
         paths = find_images(args.images)
     except FileNotFoundError as exc:

@@ -8,9 +8,11 @@ import subprocess
 import threading
 from pathlib import Path
 
+import gradio as gr
 import pytest
 import requests
 
+from app_vllm import OcrPage
 from conftest import TEST_MAX_MODEL_LEN
 from helpers import PYTHON, ROOT, free_port, process_group_alive
 from ocr_bundle.client import OcrClient, OcrError
@@ -41,7 +43,8 @@ def listening(port: int) -> bool:
 
 
 def test_start_health_page_stop_cycle(lifecycle_env):
-    env = lifecycle_env
+    """Also the security path end to end: API key on vLLM, login on the page."""
+    env = {**lifecycle_env, "VLLM_API_KEY": "test-key-123", "UI_AUTH": "alice:wonderland"}
     run_dir = Path(env["RUN_DIR"])
     started = script("start_optimized.sh", env, "--max-model-len", str(TEST_MAX_MODEL_LEN), "--cpu-kv-cache-gb", "1")
     try:
@@ -54,7 +57,23 @@ def test_start_health_page_stop_cycle(lifecycle_env):
         assert group_members(vllm_pid) and group_members(ui_pid)
         assert requests.get(f"http://127.0.0.1:{env['PORT']}/health", timeout=5).status_code == 200
         page = requests.get(f"http://127.0.0.1:{env['UI_PORT']}/", timeout=10)
-        assert page.status_code == 200 and "gradio" in page.text.lower()
+        assert page.status_code == 200 and "gradio" in page.text.lower()  # the login page
+
+        api = f"http://127.0.0.1:{env['PORT']}"
+        assert requests.get(f"{api}/v1/models", timeout=5).status_code == 401
+        assert requests.get(f"{api}/v1/models", headers={"Authorization": "Bearer test-key-123"},
+                            timeout=5).status_code == 200
+        assert "refused the API key (401)" in OcrClient(api, api_key="wrong").status().error
+        with pytest.raises(gr.Error, match="refused the API key"):
+            list(OcrPage(OcrClient(api, api_key="wrong", model="x")).extract(
+                str(sample_path("table_screenshot.png")), max_tokens=2))
+        ui = f"http://127.0.0.1:{env['UI_PORT']}"
+        assert requests.get(f"{ui}/config", timeout=10).status_code == 401
+        session = requests.Session()
+        assert session.post(f"{ui}/login", data={"username": "alice", "password": "nope"}, timeout=10).status_code == 400
+        assert session.post(f"{ui}/login", data={"username": "alice", "password": "wonderland"},
+                            timeout=10).status_code == 200
+        assert session.get(f"{ui}/config", timeout=10).status_code == 200
 
         twice = script("start_optimized.sh", env, timeout=60)
         assert twice.returncode == 1 and "already running" in twice.stderr
@@ -65,7 +84,8 @@ def test_start_health_page_stop_cycle(lifecycle_env):
 
         def long_request():
             try:
-                OcrClient(f"http://127.0.0.1:{env['PORT']}").ocr(page_url, max_tokens=2000, ignore_eos=True)
+                OcrClient(f"http://127.0.0.1:{env['PORT']}", api_key="test-key-123").ocr(
+                    page_url, max_tokens=2000, ignore_eos=True)
                 outcomes.append("finished")
             except OcrError as exc:
                 outcomes.append(exc.kind)

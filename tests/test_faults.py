@@ -1,0 +1,238 @@
+"""Bad input, bad requests, a dying server and overload: the bundle keeps working and loses nothing.
+
+Every case runs against real processes on the CPU backend (issue: faults and load)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+from PIL import Image
+
+from app_vllm import OcrPage
+from conftest import TEST_MAX_MODEL_LEN
+from helpers import PYTHON, ROOT, free_port, start_process, stop_group, wait_until_ready
+from ocr_bundle.client import OcrClient, OcrError
+from ocr_bundle.images import prepare_image_bytes
+from ocr_bundle.samples import sample_path
+from test_images import encode, make_pdf
+
+
+def encrypted_pdf() -> bytes:
+    from pypdf import PdfWriter
+
+    writer = PdfWriter()
+    writer.add_blank_page(595, 842)
+    writer.encrypt("secret", algorithm="RC4-128")
+    buffer = io.BytesIO()
+    writer.write(buffer)
+    return buffer.getvalue()
+
+
+def exif_rotated_photo() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 8
+    return encode(Image.effect_noise((640, 480), 40).convert("RGB"), "JPEG", exif=exif)
+
+
+def animated_gif() -> bytes:
+    frames = [Image.new("P", (300, 200), i) for i in range(3)]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], loop=0)
+    return buffer.getvalue()
+
+
+# name → (file bytes, expected: "ok" or a piece of the message the user sees)
+INPUT_CASES = {
+    "zero-byte.png": (b"", "empty"),
+    "text renamed.png": (b"Dear reader, I am plain text.", "not an image"),
+    "truncated.png": (sample_path("table_screenshot.png").read_bytes()[:700], "truncated"),
+    "truncated.jpg": (encode(Image.effect_noise((800, 800), 60).convert("RGB"), "JPEG")[:3000], "truncated"),
+    "huge 20000x20000.png": (encode(Image.new("1", (20000, 20000)), "PNG", optimize=True), "too large"),
+    "one-pixel.png": (encode(Image.new("RGB", (1, 1), "white")), "ok"),
+    "cmyk.jpg": (encode(Image.new("CMYK", (400, 300), (0, 50, 100, 0)), "JPEG"), "ok"),
+    "sixteen-bit.png": (encode(Image.fromarray(np.arange(0, 65536, 16, dtype=np.uint16).reshape(64, 64))), "ok"),
+    "palette.png": (encode(Image.new("P", (300, 200), 3)), "ok"),
+    "rgba.png": (encode(Image.new("RGBA", (300, 200), (0, 0, 0, 0))), "ok"),
+    "exif-rotated photo é.jpg": (exif_rotated_photo(), "ok"),
+    "animated.gif": (animated_gif(), "ok"),
+    "scan.tiff": (encode(Image.new("L", (500, 700), 200), "TIFF"), "ok"),
+    "fifty pages.pdf": (make_pdf(50), "ok"),
+    "encrypted.pdf": (encrypted_pdf(), "encrypted"),
+    "corrupt.pdf": (b"%PDF-1.7\n1 0 obj << /Type /Catalog >> endobj\n%%EOF", "damaged"),
+}
+
+
+@pytest.fixture(scope="module")
+def input_files(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("bad inputs ü")
+    for name, (data, _) in INPUT_CASES.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+@pytest.mark.parametrize("name", list(INPUT_CASES))
+def test_every_input_gets_a_result_or_a_clear_message_in_the_page(vllm_server, input_files, name):
+    page = OcrPage(OcrClient(vllm_server.url))
+    expected = INPUT_CASES[name][1]
+    path = str(input_files / name)
+    if expected == "ok":
+        final = list(page.extract(path, page=50 if name.endswith(".pdf") else 1, max_tokens=4))[-1]
+        assert "output tokens" in final[2]
+    else:
+        with pytest.raises(gr.Error) as caught:
+            list(page.extract(path, max_tokens=4))
+        assert expected in str(caught.value)
+        assert "Traceback" not in str(caught.value)
+    # ...and the service answers the next request.
+    assert list(page.extract(str(sample_path("table_screenshot.png")), max_tokens=2))[-1][1]
+
+
+def test_every_input_is_accounted_for_in_the_stress_test(vllm_server, input_files, tmp_path):
+    done = subprocess.run([PYTHON, str(ROOT / "stress_test.py"), "--url", vllm_server.url, "--images", str(input_files),
+                           "--concurrency", "4", "--requests", "40", "--warmup", "0", "--max-tokens", "2",
+                           "--max-error-rate", "1", "--out", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "r" / "results.json").read_text())
+    level = report["levels"][0]
+    assert level["ok"] + level["errors"] == level["requests"] == 40
+    # The 50-page PDF becomes 20 pages (the cap), every other file one entry.
+    assert len(report["images"]) == len(INPUT_CASES) - 1 + 20
+    bad = {n for n, (_, e) in INPUT_CASES.items() if e != "ok"}
+    failed_images = {r["image"] for r in report["requests"] if not r["ok"]}
+    assert failed_images == bad & {r["image"] for r in report["requests"]}
+    assert "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------------ bad requests
+
+
+def test_output_cut_by_max_model_len_names_both_numbers(vllm_server):
+    url = prepare_image_bytes(sample_path("english_a4_document.png").read_bytes()).data_url
+    result = OcrClient(vllm_server.url).ocr(url, max_tokens=TEST_MAX_MODEL_LEN, ignore_eos=True)
+    assert result.prompt_tokens + result.completion_tokens == TEST_MAX_MODEL_LEN
+    warning = result.warnings[0]
+    assert "context limit" in warning and f"max tokens {TEST_MAX_MODEL_LEN}" in warning
+    assert f"prompt {result.prompt_tokens}" in warning and "--max-model-len" in warning
+
+
+@pytest.mark.parametrize("kwargs, status, message", [
+    ({"model": "no-such-model"}, 404, "Unknown model"),
+    ({"max_tokens": 0}, 400, "max_tokens"),
+    ({"max_tokens": -5}, 400, "max_tokens"),
+])
+def test_bad_requests_get_clear_errors(vllm_server, kwargs, status, message):
+    client = OcrClient(vllm_server.url, model=kwargs.pop("model", None))
+    url = prepare_image_bytes(sample_path("table_screenshot.png").read_bytes()).data_url
+    with pytest.raises(OcrError) as caught:
+        client.ocr(url, **kwargs)
+    assert caught.value.status == status and message in str(caught.value)
+
+
+# ------------------------------------------------------------------ overload
+
+
+def test_64_concurrent_requests_with_a_short_timeout_are_all_accounted_for(vllm_server, tmp_path):
+    start = time.monotonic()
+    done = subprocess.run([PYTHON, str(ROOT / "stress_test.py"), "--url", vllm_server.url, "--concurrency", "64",
+                           "--requests", "64", "--warmup", "0", "--max-tokens", "300", "--ignore-eos",
+                           "--timeout", "8", "--max-error-rate", "1", "--out", str(tmp_path / "load")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    elapsed = time.monotonic() - start
+    assert done.returncode == 0, done.stderr
+    level = json.loads((tmp_path / "load" / "results.json").read_text())["levels"][0]
+    assert level["requests"] == 64 and level["ok"] + level["errors"] == 64
+    assert level["errors"] > 0 and any("timeout" in m.lower() or "in time" in m for m in level["errors_by_message"])
+    assert elapsed < 120, elapsed  # nothing hangs past the per-request deadline
+    # The server is still fine afterwards.
+    url = prepare_image_bytes(sample_path("table_screenshot.png").read_bytes()).data_url
+    assert OcrClient(vllm_server.url).ocr(url, max_tokens=2).completion_tokens >= 1
+
+
+# ------------------------------------------------------------------ a dying server
+
+
+def start_dedicated_server(tiny_checkpoint: Path, port: int, log: Path):
+    started = start_process([PYTHON, str(ROOT / "start_vllm_server.py"), "--model", str(tiny_checkpoint),
+                             "--served-model-name", "lightonocr-tiny", "--port", str(port),
+                             "--max-model-len", str(TEST_MAX_MODEL_LEN), "--cpu-kv-cache-gb", "1"],
+                            log, f"http://127.0.0.1:{port}")
+    wait_until_ready(started, "/health", 300)
+    return started
+
+
+def test_vllm_killed_during_a_stress_run_then_back(tiny_checkpoint, tmp_path):
+    port = free_port()
+    server = start_dedicated_server(tiny_checkpoint, port, tmp_path / "vllm1.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        stress = subprocess.Popen([PYTHON, str(ROOT / "stress_test.py"), "--url", url, "--concurrency", "2",
+                                   "--requests", "8", "--warmup", "0", "--max-tokens", "1500", "--ignore-eos",
+                                   "--out", str(tmp_path / "killed")], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        time.sleep(3)  # let requests be in flight: this is the fault being injected, not a readiness wait
+        os.killpg(server.process.pid, signal.SIGKILL)
+        out, err = stress.communicate(timeout=120)
+    finally:
+        stop_group(server)
+    assert stress.returncode == 1, out + err
+    report = json.loads((tmp_path / "killed" / "results.json").read_text())
+    level = report["levels"][0]
+    assert level["requests"] == 8 and level["errors"] >= 6 and level["ok"] + level["errors"] == 8
+    assert (tmp_path / "killed" / "report.md").exists() and "Traceback" not in err
+
+    # The page says the server is down, and recovers once it is back on the same port.
+    page = OcrPage(OcrClient(url, model="lightonocr-tiny"))
+    assert "unreachable" in page.server_status()
+    with pytest.raises(gr.Error, match="Cannot reach"):
+        list(page.extract(str(sample_path("table_screenshot.png")), max_tokens=2))
+    server = start_dedicated_server(tiny_checkpoint, port, tmp_path / "vllm2.log")
+    try:
+        assert "lightonocr-tiny" in page.server_status()
+        assert list(page.extract(str(sample_path("table_screenshot.png")), max_tokens=2))[-1][1]
+    finally:
+        stop_group(server)
+
+
+# ------------------------------------------------------------------ several users at once
+
+
+def test_eight_simultaneous_users_of_the_page_all_get_answers(vllm_server, tmp_path):
+    from gradio_client import Client, handle_file
+
+    port = free_port()
+    ui = start_process([PYTHON, str(ROOT / "app_vllm.py"), "--server-url", vllm_server.url, "--port", str(port)],
+                       tmp_path / "ui.log", f"http://127.0.0.1:{port}")
+    try:
+        wait_until_ready(ui, "/config", 120)
+        answers: list[str] = []
+        errors: list[str] = []
+
+        def user(index: int):
+            try:
+                client = Client(ui.url, verbose=False)
+                rendered, raw, stats = client.predict(handle_file(str(sample_path("table_screenshot.png"))), 1,
+                                                      False, 16, 0.2, "PNG", api_name="/extract")
+                answers.append(stats)
+            except Exception as exc:  # collected and asserted below
+                errors.append(f"user {index}: {exc}")
+
+        threads = [threading.Thread(target=user, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=240)
+        assert not errors, errors
+        assert len(answers) == 8 and all("16 output tokens" in a for a in answers)
+    finally:
+        stop_group(ui)
