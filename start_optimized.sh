@@ -53,14 +53,16 @@ local_address() {
 }
 # Address a person can open: the machine's first address when bound to all interfaces.
 public_address() {
-  if is_all_interfaces "$1"; then hostname -I 2>/dev/null | awk '{print $1}' || echo "$(hostname)"; else echo "$1"; fi
+  local address=""
+  if is_all_interfaces "$1"; then address=$(hostname -I 2>/dev/null | awk '{print $1}'); echo "${address:-$(hostname)}"
+  else echo "$1"; fi
 }
 port_in_use() { (exec 3<>"/dev/tcp/$(local_address "$1")/$2") 2>/dev/null; }
 
-for check in "$HOST:$PORT:vLLM" "$UI_HOST:$UI_PORT:page"; do
-  IFS=: read -r h p what <<<"$check"
+for check in "$HOST:$PORT:vLLM:PORT" "$UI_HOST:$UI_PORT:page:UI_PORT"; do
+  IFS=: read -r h p what variable <<<"$check"
   if port_in_use "$h" "$p"; then
-    die "port $p ($what) is already in use by another program; set ${what/vLLM/PORT}${what/page/} to a free port"
+    die "port $p ($what) is already in use by another program; set $variable to a free port"
   fi
 done
 

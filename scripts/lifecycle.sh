@@ -17,7 +17,7 @@ service_pid() {
   pid=$(<"$file")
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   kill -0 "$pid" 2>/dev/null || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$2" || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qE -- "$2" || return 1
   echo "$pid"
 }
 
@@ -61,5 +61,7 @@ stop_service() {
   echo "$name: stopped"
 }
 
-VLLM_MARKER="vllm.entrypoints"  # cli.main serve (GPU) or openai.api_server (CPU)
-UI_MARKER="app_vllm.py"
+# Extended regexps over the command line: the launcher (before it execs vLLM), then vLLM itself
+# (cli.main serve on GPUs, openai.api_server on the CPU backend).
+VLLM_MARKER='start_vllm_server\.py|vllm\.entrypoints'
+UI_MARKER='app_vllm\.py'

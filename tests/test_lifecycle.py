@@ -126,7 +126,7 @@ def test_port_already_taken_is_refused_before_anything_starts(lifecycle_env):
         squatter.listen()
         done = script("start_optimized.sh", lifecycle_env, timeout=60)
     assert done.returncode == 1
-    assert f"port {lifecycle_env['PORT']} (vLLM) is already in use" in done.stderr
+    assert f"port {lifecycle_env['PORT']} (vLLM) is already in use by another program; set PORT" in done.stderr
     assert not (Path(lifecycle_env["RUN_DIR"]) / "vllm.pid").exists()
 
 
