@@ -51,6 +51,11 @@ class PageSettings:
     concurrency: int = 16  # vLLM batches concurrent requests; the page must not serialize them
 
 
+def user_error(message: object) -> gr.Error:
+    """A message for the page: shown until dismissed (people look away during long pages), no traceback."""
+    return gr.Error(str(message), duration=None, print_exception=False)
+
+
 def read_upload(path: str | None, max_bytes: int) -> bytes:
     if not path:
         raise InputError("Upload an image or a PDF first.")
@@ -107,7 +112,7 @@ class OcrPage:
         try:
             return read_upload(path, self.settings.max_upload_bytes)
         except InputError as exc:
-            raise gr.Error(str(exc), print_exception=False) from exc
+            raise user_error(exc) from exc
 
     def on_upload(self, path: str | None):
         """Show a page picker for PDFs and a preview of what will be sent."""
@@ -118,7 +123,7 @@ class OcrPage:
             count = pdf_page_count(data, self.settings.max_upload_bytes) if is_pdf(data) else 1
             preview = prepare_upload(data, 1, max_bytes=self.settings.max_upload_bytes)
         except InputError as exc:
-            raise gr.Error(str(exc), print_exception=False) from exc
+            raise user_error(exc) from exc
         is_multi = count > 1
         return (gr.update(visible=is_multi, value=1, maximum=max(count, 2), label=f"Page (of {count})"),
                 gr.update(visible=is_multi), decode_data_url(preview.data_url))
@@ -130,7 +135,7 @@ class OcrPage:
         try:
             return decode_data_url(prepare_upload(data, int(page), max_bytes=self.settings.max_upload_bytes).data_url)
         except InputError as exc:
-            raise gr.Error(str(exc), print_exception=False) from exc
+            raise user_error(exc) from exc
 
     def extract(self, path: str | None, page: int = 1, all_pages: bool = False,
                 max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = DEFAULT_TEMPERATURE,
@@ -141,7 +146,7 @@ class OcrPage:
         try:
             numbers = pages_to_process(data, int(page or 1), bool(all_pages), self.settings.max_upload_bytes)
         except InputError as exc:
-            raise gr.Error(str(exc), print_exception=False) from exc
+            raise user_error(exc) from exc
         texts: list[str] = []
         done: list[tuple[PreparedImage, OcrResult]] = []
         for number in numbers:
@@ -159,7 +164,7 @@ class OcrPage:
                 texts.append(current)
             except (InputError, OcrError) as exc:
                 where = f" (page {number})" if len(numbers) > 1 else ""
-                raise gr.Error(f"{exc}{where}", print_exception=False) from exc
+                raise user_error(f"{exc}{where}") from exc
         text = PAGE_SEPARATOR.join(texts)
         yield text, text, format_stats(done, time.perf_counter() - start)
 
@@ -201,6 +206,8 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
                     with gr.Tab("Raw text"):
                         raw = gr.Textbox(lines=24, max_lines=60, buttons=["copy"], label="Markdown",
                                          elem_id="raw")
+        # A new file clears the previous result first, so an error never sits next to old text.
+        upload.change(lambda: ("", "", ""), None, [rendered, raw, stats], queue=False)
         upload.change(on_upload, [upload], [page_number, all_pages, preview], concurrency_limit=settings.concurrency)
         page_number.release(on_page_change, [upload, page_number], [preview],
                             concurrency_limit=settings.concurrency)

@@ -52,10 +52,10 @@ class ServerStatus:
 
     def describe(self) -> str:
         if not self.reachable:
-            return f"🔴 server unreachable: {self.error}"
+            return f"**Server unreachable** — {self.error}"
         model = self.models[0] if self.models else "no model"
         version = f", vLLM {self.version}" if self.version else ""
-        return f"🟢 {model} (max_model_len {self.max_model_len}{version})"
+        return f"**Server ready** — {model} (max_model_len {self.max_model_len}{version})"
 
 
 @dataclass

@@ -76,8 +76,15 @@ def test_upload_extract_and_errors_in_a_browser(page_server, browser_page, tmp_p
     bad.write_text("definitely not an image")
     upload(page, bad)
     expect(page.get_by_text(re.compile("not an image"))).to_be_visible(timeout=30_000)
+    # The toast fades in (a script transition): wait until it and its ancestors are opaque.
+    page.wait_for_function("""() => {
+        let node = document.querySelector('[data-testid="toast-text"]');
+        if (!node) return false;
+        for (; node; node = node.parentElement) if (getComputedStyle(node).opacity !== '1') return false;
+        return true; }""", timeout=10_000)
+    page.screenshot(path=str(ARTIFACTS / "page-error.png"))
     assert "Traceback" not in page.content()
-    page.screenshot(path=str(ARTIFACTS / "page-error.png"), full_page=True)
+    expect(page.locator("#raw textarea")).to_have_value("")  # the old result was cleared
 
     # ...and the page keeps working.
     upload(page, sample_path("table_screenshot.png"))
