@@ -58,7 +58,9 @@ def user_error(message: object) -> gr.Error:
 
 def read_upload(path: str | None, max_bytes: int) -> bytes:
     if not path:
-        raise InputError("Upload an image or a PDF first.")
+        # Also what a tab opened before a restart of the page sends: its upload never arrives.
+        raise InputError("Upload an image or a PDF first. (Just uploaded one? The page may have restarted: "
+                         "reload it.)")
     size = os.path.getsize(path)
     if size > max_bytes:
         raise InputError(f"The file is {size / 1e6:.1f} MB; the limit is {max_bytes / 1e6:.0f} MB.")

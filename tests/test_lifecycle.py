@@ -142,3 +142,4 @@ def test_stop_never_touches_a_recycled_pid(lifecycle_env):
         assert bystander.poll() is None  # still running
     finally:
         bystander.kill()
+
