@@ -143,3 +143,29 @@ def test_stop_never_touches_a_recycled_pid(lifecycle_env):
     finally:
         bystander.kill()
 
+
+
+def test_restart_by_the_scripts_while_the_page_is_in_use(lifecycle_env):
+    """stop + start again in the same RUN_DIR; a page session opened afterwards (a reload) works.
+
+    A browser tab left open across the restart could not upload into the new page process
+    (Gradio's front end; nondeterministic, so not asserted here): the page's "no file"
+    message tells that person to reload."""
+    from gradio_client import Client, handle_file
+
+    env = lifecycle_env
+    extra = ("--max-model-len", str(TEST_MAX_MODEL_LEN), "--cpu-kv-cache-gb", "1")
+    ui = f"http://127.0.0.1:{env['UI_PORT']}"
+    sample = handle_file(str(sample_path("table_screenshot.png")))
+    arguments = (sample, 1, False, 16, 0.2, "PNG")
+    try:
+        assert script("start_optimized.sh", env, *extra).returncode == 0
+        before = Client(ui, verbose=False)
+        assert "16 output tokens" in before.predict(*arguments, api_name="/extract")[2]
+        assert script("stop_optimized.sh", env, timeout=120).returncode == 0
+        restarted = script("start_optimized.sh", env, *extra)
+        assert restarted.returncode == 0, restarted.stderr
+        after = Client(ui, verbose=False)  # what a reload does: a new session
+        assert "16 output tokens" in after.predict(*arguments, api_name="/extract")[2]
+    finally:
+        script("stop_optimized.sh", env, timeout=120)
