@@ -19,6 +19,7 @@ Precedence: flags > environment (VLLM_URL, VLLM_API_KEY, VLLM_MODEL) > defaults.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(usable)} page(s) ready of {len(workloads)} input(s) in {prep_s:.2f} s "
           f"({sum(len(w.body) for w in usable) / 1e6:.1f} MB of request bodies, encoded once); "
           f"model {model}, vLLM {status.version}, max_model_len {status.max_model_len}")
-    if not usable and not workloads:
+    if not workloads:
         print("error: no image to send", file=sys.stderr)
         return 2
 
@@ -161,10 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     gpu_idle = gpu_probe()["gpu_used_mib"] if gpu_probe else None
 
     levels, request_rows = [], []
-    try:
+    with contextlib.ExitStack() as running:
+        if gpu_probe:
+            running.callback(gpu_probe.close)  # NVML shutdown, whatever happens
         if gpu_sampler:
-            gpu_sampler.__enter__()
-        metrics_sampler.__enter__()
+            running.enter_context(gpu_sampler)
+        running.enter_context(metrics_sampler)
         if args.warmup > 0 and usable:
             warm = replayer.run(usable, min(args.concurrency), args.warmup)
             failed = sum(not r.ok for r in warm)
@@ -192,12 +195,6 @@ def main(argv: list[str] | None = None) -> int:
             request_rows += [{"concurrency": concurrency, **r.__dict__} for r in results]
             print(f"concurrency {concurrency}: {metrics.ok}/{metrics.requests} ok, {metrics.pages_per_s:.2f} pages/s, "
                   f"p50 {metrics.latency_p50_s or float('nan'):.2f} s", flush=True)
-    finally:
-        metrics_sampler.__exit__(None, None, None)
-        if gpu_sampler:
-            gpu_sampler.__exit__(None, None, None)
-        if gpu_probe:
-            gpu_probe.close()
 
     memory_series = gpu_sampler.series("gpu_used_mib") if gpu_sampler else []
     report = {
