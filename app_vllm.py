@@ -29,6 +29,7 @@ from ocr_bundle.images import (
     MAX_UPLOAD_BYTES,
     InputError,
     PreparedImage,
+    check_size,
     decode_data_url,
     is_pdf,
     pdf_page_count,
@@ -61,9 +62,7 @@ def read_upload(path: str | None, max_bytes: int) -> bytes:
         # Also what a tab opened before a restart of the page sends: its upload never arrives.
         raise InputError("Upload an image or a PDF first. (Just uploaded one? The page may have restarted: "
                          "reload it.)")
-    size = os.path.getsize(path)
-    if size > max_bytes:
-        raise InputError(f"The file is {size / 1e6:.1f} MB; the limit is {max_bytes / 1e6:.0f} MB.")
+    check_size(os.path.getsize(path), max_bytes)  # before reading a huge file into memory
     return Path(path).read_bytes()
 
 

@@ -177,9 +177,8 @@ class OcrClient:
         session.headers.update(self.headers())
         return session
 
-    def _get(self, path: str, timeout: float, session: requests.Session | None = None) -> requests.Response:
-        getter = session.get if session else requests.get
-        return getter(f"{self.base_url}{path}", headers=self.headers(), timeout=timeout)
+    def _get(self, path: str, timeout: float) -> requests.Response:
+        return requests.get(f"{self.base_url}{path}", headers=self.headers(), timeout=timeout)
 
     # -------------------------------------------------------------- probes
     def status(self, timeout: float = STATUS_TIMEOUT_S) -> ServerStatus:

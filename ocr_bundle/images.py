@@ -48,13 +48,16 @@ def is_pdf(data: bytes) -> bool:
     return data[:1024].lstrip().startswith(b"%PDF-")
 
 
-def check_upload_size(data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
-    if not data:
+def check_size(n_bytes: int, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
+    """Refuse empty and oversized uploads; callers with a path check before reading the file."""
+    if n_bytes == 0:
         raise InputError("The file is empty (0 bytes).")
-    if len(data) > max_bytes:
-        raise InputError(
-            f"The file is {len(data) / 1e6:.1f} MB; the limit is {max_bytes / 1e6:.0f} MB."
-        )
+    if n_bytes > max_bytes:
+        raise InputError(f"The file is {n_bytes / 1e6:.1f} MB; the limit is {max_bytes / 1e6:.0f} MB.")
+
+
+def check_upload_size(data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
+    check_size(len(data), max_bytes)
 
 
 def _open_image(data: bytes, max_pixels: int) -> Image.Image:
