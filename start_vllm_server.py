@@ -8,7 +8,8 @@
 
 Precedence for every setting: command-line flag > environment variable > default.
 Environment variables: MODEL, SERVED_MODEL_NAME, HOST, PORT, VLLM_API_KEY,
-GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, VLLM_DEVICE (auto|cuda|cpu), VLLM_CPU_KVCACHE_SPACE.
+GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS,
+MAX_PAGES_IN_FLIGHT, KV_CACHE_DTYPE, VLLM_DEVICE (auto|cuda|cpu), VLLM_CPU_KVCACHE_SPACE.
 
 The recommended flags (LightOn's recipe): one image per prompt, no multimodal processor
 cache (every page is new), no prefix caching (prompts share nothing but the chat
@@ -36,6 +37,7 @@ DEFAULT_MODEL = "lightonai/LightOnOCR-2-1B"
 PAGE_PROMPT_TOKENS = 2200
 RECOMMENDED_MAX_TOKENS = 4096
 DEFAULT_MAX_MODEL_LEN = 8192
+BUNDLE_ROOT = Path(__file__).resolve().parent
 LIGHTONOCR_ARCHITECTURES = {"LightOnOCRForConditionalGeneration", "LightOnOcrForConditionalGeneration"}
 
 
@@ -83,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-batched-tokens", type=int, default=env_default("MAX_NUM_BATCHED_TOKENS", None, int),
                         help="token budget per engine step (env MAX_NUM_BATCHED_TOKENS; default: vLLM's). Larger "
                              "speeds up prefill of many pages but needs memory headroom")
+    parser.add_argument("--max-pages-in-flight", type=int, default=env_default("MAX_PAGES_IN_FLIGHT", None, int),
+                        help="size GPU memory for the load instead of taking a fixed fraction (env "
+                             "MAX_PAGES_IN_FLIGHT): reserve KV cache for N pages of ~"
+                             f"{PAGE_PROMPT_TOKENS} prompt + {RECOMMENDED_MAX_TOKENS} output tokens and decode "
+                             "at most N at once; overrides --gpu-memory-utilization")
+    parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default=env_default("KV_CACHE_DTYPE", "auto"),
+                        help="auto: the model's bf16; fp8 halves KV memory and the memory traffic that bounds "
+                             "decoding many pages at once (env KV_CACHE_DTYPE; see docs/benchmarks.md)")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                         help="split the model over N GPUs (rarely useful for a 1B model)")
     parser.add_argument("--data-parallel-size", "-dp", type=int, default=None,
@@ -132,6 +142,31 @@ def check_local_checkpoint(folder: Path) -> None:
         raise LaunchError(f"{folder} has no tokenizer files")
 
 
+# LightOnOCR-2-1B's decoder, for a hub id whose config.json is not at hand.
+LIGHTONOCR_TEXT_CONFIG = {"num_hidden_layers": 28, "num_key_value_heads": 8, "head_dim": 128}
+
+
+def kv_bytes_per_token(text_config: dict, kv_cache_dtype: str) -> int:
+    """Bytes of KV cache one token occupies: K and V, every layer, every KV head."""
+    head_dim = text_config.get("head_dim") or text_config["hidden_size"] // text_config["num_attention_heads"]
+    element = 1 if kv_cache_dtype == "fp8" else 2
+    return 2 * text_config["num_hidden_layers"] * text_config["num_key_value_heads"] * head_dim * element
+
+
+def kv_cache_bytes_for(pages: int, max_model_len: int, text_config: dict, kv_cache_dtype: str) -> int:
+    """KV cache for `pages` requests of a full page each (prompt + LightOn's max output), capped
+    at max_model_len; vLLM pauses and later recomputes requests that outgrow it, it never fails them."""
+    tokens = min(PAGE_PROMPT_TOKENS + RECOMMENDED_MAX_TOKENS, max_model_len)
+    return pages * tokens * kv_bytes_per_token(text_config, kv_cache_dtype)
+
+
+def text_config_of(model: str) -> dict:
+    if looks_like_path(model):
+        config = json.loads((Path(os.path.expanduser(model)) / "config.json").read_text())
+        return config.get("text_config", config)
+    return LIGHTONOCR_TEXT_CONFIG
+
+
 def installed_vllm_flavour() -> str | None:
     """'cpu' for vLLM's CPU build, 'cuda' for the regular one, None when vLLM is missing."""
     if importlib.util.find_spec("vllm") is None:
@@ -178,8 +213,10 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str)
     # so there the OpenAI server module is started directly (same server, same flags).
     entry = (["vllm.entrypoints.cli.main", "serve"] if device == "cuda"
              else ["vllm.entrypoints.openai.api_server"])
+    # Through ocr_bundle.vllm_serve, which applies the bundle's vLLM fixes in every vLLM
+    # process first (packed vision-encoder attention: see ocr_bundle/vllm_patches.py).
     command = [
-        sys.executable, "-m", *entry,
+        sys.executable, "-m", "ocr_bundle.vllm_serve", *entry,
         "--model", model,
         "--served-model-name", served,
         "--host", args.host,
@@ -189,12 +226,21 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str)
         "--mm-processor-cache-gb", "0",
         "--enable-prefix-caching" if args.enable_prefix_caching else "--no-enable-prefix-caching",
     ]
-    env: dict[str, str] = {}
-    if device == "cuda":
+    # ocr_bundle must import from wherever the launcher is started.
+    env: dict[str, str] = {"PYTHONPATH": os.pathsep.join(filter(None, [str(BUNDLE_ROOT), os.environ.get("PYTHONPATH")]))}
+    if device == "cuda" and args.max_pages_in_flight:
+        kv_bytes = kv_cache_bytes_for(args.max_pages_in_flight, args.max_model_len,
+                                      text_config_of(args.model), args.kv_cache_dtype)
+        command += ["--kv-cache-memory-bytes", str(kv_bytes)]
+        if args.max_num_seqs is None:
+            command += ["--max-num-seqs", str(args.max_pages_in_flight)]
+    elif device == "cuda":
         command += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     else:
         env["VLLM_TARGET_DEVICE"] = "cpu"
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{args.cpu_kv_cache_gb:g}"
+    if args.kv_cache_dtype != "auto":
+        command += ["--kv-cache-dtype", args.kv_cache_dtype]
     for flag, value in (
         ("--max-num-seqs", args.max_num_seqs),
         ("--max-num-batched-tokens", args.max_num_batched_tokens),

@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_bench.sh setup                      # install staged vLLM + extras, make the full checkpoint
 #   bash benchmarks/gpu_bench.sh serve NAME [launcher args] # (re)start vLLM through start_vllm_server.py
 #   bash benchmarks/gpu_bench.sh stress NAME [stress args]  # stress_test.py on the A4 sample, 1,000 tokens forced
+#   bash benchmarks/gpu_bench.sh encoder                    # packed vs dense-mask encoder attention (parity, speed)
 #   bash benchmarks/gpu_bench.sh hf                         # plain transformers baseline (batch 1)
 #   bash benchmarks/gpu_bench.sh stop
 # State that must outlive one call (server PID, reports) lives in $STATE; results go to $OUT.
@@ -57,15 +58,23 @@ case "${1:?phase}" in
       sleep 1
     done
     echo "server $name ready after $((SECONDS - start)) s" | tee "$OUT/$name-ready.txt"
-    grep -E "start_vllm_server|KV cache|Maximum concurrency|model weights took|graph capturing|torch.compile takes" \
-      "$STATE/$name-server.log" | tail -n 20 | tee -a "$OUT/$name-ready.txt"
+    grep -E "start_vllm_server|LightOnOCR bundle patch|MMEncoderAttention|Asynchronous scheduling|KV cache|Maximum concurrency|model weights took|graph capturing|torch.compile takes|cudagraph_mode" \
+      "$STATE/$name-server.log" | sort -u | tail -n 24 | tee -a "$OUT/$name-ready.txt"
     ;;
   stress)
     name=${2:?name}; shift 2
     python3 stress_test.py --url "http://127.0.0.1:$PORT" --images samples/english_a4_document.png \
       --ignore-eos --max-tokens 1000 --out "$STATE/reports/$name" --label "$name" "$@" || true
     cp -r "$STATE/reports/$name" "$OUT/"
-    grep -E "KV cache|OutOfMemory|Error" "$STATE/"*-server.log | tail -n 5 || true
+    # vLLM's own throughput log lines (prompt vs generation tokens/s) tell what limited each level.
+    server_log=$(ls -t "$STATE"/*-server.log | head -n 1)
+    grep -E "throughput|OutOfMemory|Error" "$server_log" | tail -n 80 >"$OUT/$name-engine.txt" || true
+    tail -n 3 "$OUT/$name-engine.txt"
+    ;;
+  encoder)
+    stop_server
+    python3 benchmarks/encoder_check.py --model "$MODEL_DIR" --out "$OUT/encoder-check.json" 2>&1 \
+      | grep -vE "^\s*$" | tail -n 30
     ;;
   hf)
     stop_server

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ import start_vllm_server as launcher  # noqa: E402
 
 def command_for(argv: list[str], device: str = "cuda", env: dict | None = None, monkeypatch=None):
     if monkeypatch is not None:
-        for key in ("MODEL", "HOST", "PORT", "VLLM_API_KEY", "MAX_MODEL_LEN", "GPU_MEMORY_UTILIZATION"):
+        for key in ("MODEL", "HOST", "PORT", "VLLM_API_KEY", "MAX_MODEL_LEN", "GPU_MEMORY_UTILIZATION",
+                    "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "MAX_PAGES_IN_FLIGHT", "KV_CACHE_DTYPE"):
             monkeypatch.delenv(key, raising=False)
         for key, value in (env or {}).items():
             monkeypatch.setenv(key, value)
@@ -32,7 +34,8 @@ def flag(command: list[str], name: str) -> str:
 
 def test_defaults_on_gpu(monkeypatch):
     command, env = command_for([], monkeypatch=monkeypatch)
-    assert command[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "--model"]
+    # vLLM runs through the bundle's wrapper, which applies ocr_bundle.vllm_patches first.
+    assert command[1:6] == ["-m", "ocr_bundle.vllm_serve", "vllm.entrypoints.cli.main", "serve", "--model"]
     assert flag(command, "--model") == "lightonai/LightOnOCR-2-1B"
     assert flag(command, "--served-model-name") == "lightonai/LightOnOCR-2-1B"
     assert flag(command, "--host") == "127.0.0.1" and flag(command, "--port") == "8000"
@@ -41,14 +44,14 @@ def test_defaults_on_gpu(monkeypatch):
     assert flag(command, "--mm-processor-cache-gb") == "0"
     assert "--no-enable-prefix-caching" in command
     assert flag(command, "--gpu-memory-utilization") == "0.9"
-    assert env == {}
+    assert set(env) == {"PYTHONPATH"} and env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
 
 
 def test_cpu_backend_sets_its_environment(monkeypatch):
     command, env = command_for(["--cpu-kv-cache-gb", "3"], device="cpu", monkeypatch=monkeypatch)
-    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert command[1:4] == ["-m", "ocr_bundle.vllm_serve", "vllm.entrypoints.openai.api_server"]
     assert "--gpu-memory-utilization" not in command
-    assert env == {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "3"}
+    assert env["VLLM_TARGET_DEVICE"] == "cpu" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
 
 
 def test_scaling_flags_and_passthrough(monkeypatch):
@@ -117,3 +120,34 @@ def test_help_documents_every_flag():
     for action in parser._actions:
         assert action.help, action.dest
     assert "4096" in done.stdout and "env MODEL" in done.stdout
+
+
+def test_kv_bytes_per_token_matches_what_vllm_allocates():
+    # vLLM on the H200 (docs/benchmarks.md): 123.36 GiB of KV cache held 1,154,976 tokens of
+    # the full checkpoint = 114,688 bytes per token; fp8 halves it (2,309,360 tokens).
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import make_checkpoint
+
+    full_text = make_checkpoint.build_config_dict(make_checkpoint.PRESETS["full"])["text_config"]
+    assert launcher.kv_bytes_per_token(full_text, "auto") == 114_688
+    assert launcher.kv_bytes_per_token(full_text, "fp8") == 57_344
+    assert launcher.kv_bytes_per_token(launcher.LIGHTONOCR_TEXT_CONFIG, "auto") == 114_688
+
+
+def test_max_pages_in_flight_sizes_the_kv_cache_instead_of_a_fraction(tiny_checkpoint, monkeypatch):
+    command, _ = command_for(["--model", str(tiny_checkpoint), "--max-pages-in-flight", "64"], monkeypatch=monkeypatch)
+    # tiny: 2 layers x 1 KV head x head_dim 64 x K,V x 2 bytes = 512 bytes per token;
+    # a page is 2,200 prompt + 4,096 output tokens.
+    assert flag(command, "--kv-cache-memory-bytes") == str(64 * (2200 + 4096) * 512)
+    assert flag(command, "--max-num-seqs") == "64"
+    assert "--gpu-memory-utilization" not in command
+    # A shorter context caps the tokens per page; an explicit --max-num-seqs wins.
+    command, _ = command_for(["--model", str(tiny_checkpoint), "--max-pages-in-flight", "8", "--max-model-len", "4096",
+                              "--max-num-seqs", "4", "--kv-cache-dtype", "fp8"], monkeypatch=monkeypatch)
+    assert flag(command, "--kv-cache-memory-bytes") == str(8 * 4096 * 256)
+    assert flag(command, "--max-num-seqs") == "4" and flag(command, "--kv-cache-dtype") == "fp8"
+
+
+def test_default_keeps_the_kv_cache_dtype_and_utilization(monkeypatch):
+    command, _ = command_for([], monkeypatch=monkeypatch)
+    assert "--kv-cache-dtype" not in command and "--kv-cache-memory-bytes" not in command

@@ -1,0 +1,175 @@
+"""Fixes the bundle applies to vLLM at start-up, in every vLLM process.
+
+One fix today: **packed per-image attention in LightOnOCR's vision encoder** (Pixtral).
+
+vLLM up to 0.26 runs the Pixtral encoder over all images of an engine step as one
+concatenated sequence. Without xFormers (vLLM does not install it) it keeps the images
+apart with a dense block-diagonal mask and `scaled_dot_product_attention`: the mask is
+(patches of all images)² elements, a 1540 px page has ~8,500 patches, and masked SDPA
+cannot use the FlashAttention kernel. So the encoder's cost grows with the *square* of
+the images batched together, and it dominated LightOnOCR's throughput on an H200
+(docs/benchmarks.md). vLLM fixed this upstream by routing Pixtral through its
+`MMEncoderAttention` with per-image sequence lengths (vllm-project/vllm PR #52185,
+after 0.26); the GPU build pinned here (0.26.0, the newest for torch 2.11) predates it.
+
+`apply()` backports that fix: each encoder attention layer gets an `MMEncoderAttention`
+(FlashAttention varlen on CUDA, per-image SDPA on CPU, whatever vLLM selects), and the
+vision model passes cumulative sequence lengths instead of building the mask. Same
+math, no checkpoint or output-shape change. On a vLLM that already packs (it imports
+`MMEncoderAttention` in its Pixtral module) `apply()` does nothing.
+
+How it reaches every process: start_vllm_server.py runs vLLM through
+`python -m ocr_bundle.vllm_serve`, which calls `apply()` at import time. Forked vLLM
+processes inherit the patched classes; spawned ones re-import that main module first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+
+UPSTREAM_FIX = "vllm-project/vllm#52185"
+# Set to "off" to run vLLM unpatched (the benchmarks' before/after comparison).
+DISABLE_ENV = "OCR_BUNDLE_VLLM_PATCHES"
+_applied: str | None = None
+
+
+@dataclass(frozen=True)
+class PackedImages:
+    """Per-image sequence boundaries, passed where vLLM 0.26 passes the dense mask."""
+
+    cu_seqlens: object  # torch.Tensor on the device (int32), [0, n1, n1+n2, ...]
+    max_seqlen: object  # torch.Tensor (int32 scalar), what FlashAttention needs
+    sequence_lengths: object  # torch.Tensor or None (FlashInfer's cuDNN path only)
+
+
+def cumulative_lengths(lengths: list[int]):
+    """[n1, n2, ...] -> int32 array [0, n1, n1+n2, ...] (the varlen attention layout)."""
+    import numpy as np
+
+    return np.concatenate([np.zeros(1, dtype=np.int32), np.cumsum(lengths, dtype=np.int32)])
+
+
+def apply() -> str:
+    """Patch vLLM's Pixtral encoder if it needs it; returns what was done (also logged)."""
+    global _applied
+    if _applied is not None:
+        return _applied
+    if os.environ.get(DISABLE_ENV, "").lower() in ("0", "off", "false", "no"):
+        _applied = f"disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]}"
+        _log(_applied)
+        return _applied
+    try:
+        from vllm.model_executor.models import pixtral
+    except ImportError as exc:  # vLLM missing or broken: let vLLM itself report it
+        _applied = f"not applied: cannot import vLLM's Pixtral module ({exc})"
+        _log(_applied)
+        return _applied
+    if hasattr(pixtral, "MMEncoderAttention"):
+        _applied = f"not needed: this vLLM already packs Pixtral encoder attention ({UPSTREAM_FIX})"
+    else:
+        _patch_pixtral(pixtral)
+        _applied = f"applied: packed per-image Pixtral encoder attention (backport of {UPSTREAM_FIX})"
+    _log(_applied)
+    return _applied
+
+
+def _log(what: str) -> None:
+    # Plain stderr, not vLLM's logger: this runs at import time, before vLLM has set up
+    # its logging (newer versions do that lazily and would drop the line).
+    print(f"[ocr_bundle] LightOnOCR bundle patch {what}", file=sys.stderr, flush=True)
+
+
+def _patch_pixtral(pixtral) -> None:
+    import torch
+    from vllm.model_executor.layers.attention import MMEncoderAttention
+    from vllm.model_executor.models.vision import resolve_visual_encoder_outputs
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    # FlashInfer's cuDNN path wants Q/K/V as views into one packed buffer; the others
+    # take the tensors as they are. Other backends keep vLLM's own (masked) code.
+    packed_backends = {
+        AttentionBackendEnum.FLASH_ATTN,
+        AttentionBackendEnum.TORCH_SDPA,
+        AttentionBackendEnum.TRITON_ATTN,
+        AttentionBackendEnum.ROCM_AITER_FA,
+    }
+    attention_cls = pixtral.PixtralHFAttention
+    vision_cls = pixtral.PixtralHFVisionModel
+    original_attention_init = attention_cls.__init__
+    original_attention_forward = attention_cls.forward
+    original_vision_forward = vision_cls.forward
+
+    def attention_init(self, config, quant_config=None, *, prefix: str = "") -> None:
+        original_attention_init(self, config, quant_config, prefix=prefix)
+        # No weights: the checkpoint loads exactly as before.
+        self.packed_attn = MMEncoderAttention(self.n_heads, self.head_dim, prefix=f"{prefix}.packed_attn")
+        if prefix.endswith("layers.0.attention"):  # once per model, in the engine process
+            backend = self.packed_attn.attn_backend
+            _log(f"in use: Pixtral encoder attention runs packed per image with {backend.name}"
+                 if backend in packed_backends else
+                 f"inactive: {backend.name} is not a packed backend here; vLLM's masked attention runs")
+
+    def attention_forward(self, hidden_states, attention_mask, position_embeddings):
+        if not isinstance(attention_mask, PackedImages):
+            return original_attention_forward(self, hidden_states, attention_mask, position_embeddings)
+        batch, patches, _ = hidden_states.size()
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.chunk(3, dim=-1)
+        # HF's rotary embedding wants (batch, heads, patches, head_dim); attention wants
+        # (batch, patches, heads, head_dim).
+        q = q.view(batch, patches, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, patches, self.n_heads, self.head_dim).transpose(1, 2)
+        cos, sin = position_embeddings
+        q, k = pixtral.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
+        out = self.packed_attn(
+            q.transpose(1, 2), k.transpose(1, 2), v.reshape(batch, patches, self.n_heads, self.head_dim),
+            cu_seqlens=attention_mask.cu_seqlens, max_seqlen=attention_mask.max_seqlen,
+            sequence_lengths=attention_mask.sequence_lengths,
+        )
+        attn_output, _ = self.o_proj(out.reshape(batch, patches, self.n_heads * self.head_dim))
+        return attn_output, None
+
+    def vision_forward(self, pixel_values, *, select_layers=None, feature_select_strategy=None):
+        attn = self.transformer.layers[0].attention.packed_attn
+        if attn.attn_backend not in packed_backends:
+            return original_vision_forward(self, pixel_values, select_layers=select_layers,
+                                           feature_select_strategy=feature_select_strategy)
+        # vLLM 0.26's PixtralHFVisionModel.forward, except the mask: sequence lengths instead.
+        patch_embeds_list = [self.patch_conv(img.unsqueeze(0).to(self.dtype)) for img in pixel_values]
+        patch_embeds = [p.flatten(2).permute(0, 2, 1) for p in patch_embeds_list]
+        embed_sizes = [p.shape[1] for p in patch_embeds]
+        patch_embeds = self.ln_pre(torch.cat(patch_embeds, dim=1))
+        position_ids = pixtral.position_ids_in_meshgrid(
+            patch_embeds_list, max_width=self.config.image_size // self.config.patch_size,
+        ).to(self.device)
+        position_embedding = self.patch_positional_embedding(patch_embeds, position_ids)
+        out = self.transformer(
+            patch_embeds, packed_images(attn, embed_sizes, self.device), position_embedding,
+            return_all_hidden_states=select_layers is not None,
+        )
+        out = resolve_visual_encoder_outputs(
+            out, None, select_layers=select_layers,
+            max_possible_layers=self.config.num_hidden_layers,
+            feature_select_strategy=feature_select_strategy,
+        )
+        return torch.split(out.squeeze(0), embed_sizes)
+
+    def packed_images(attn, lengths: list[int], device) -> PackedImages:
+        cu_seqlens = cumulative_lengths(lengths)
+        backend = attn.attn_backend
+        return PackedImages(
+            # hidden size and TP degree only matter for FlashInfer, which is not packed here.
+            cu_seqlens=MMEncoderAttention.maybe_recompute_cu_seqlens(
+                backend, cu_seqlens, attn.num_heads * attn.head_size, 1, device),
+            max_seqlen=torch.tensor(MMEncoderAttention.compute_max_seqlen(backend, cu_seqlens), dtype=torch.int32),
+            sequence_lengths=MMEncoderAttention.maybe_compute_seq_lens(backend, cu_seqlens, device),
+        )
+
+    attention_cls.__init__ = attention_init
+    attention_cls.forward = attention_forward
+    vision_cls.forward = vision_forward
+    # Kept for benchmarks/encoder_check.py, which compares both paths on the GPU.
+    vision_cls.dense_mask_forward = original_vision_forward
