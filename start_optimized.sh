@@ -16,6 +16,9 @@
 #                  environment from scripts/setup_cpu_env.sh, built on first use)
 #   RUN_DIR        PID files and logs (default ./run)
 #   STARTUP_TIMEOUT seconds to wait for vLLM's /health (default 900: first GPU start compiles)
+#   MAX_PAGES_IN_FLIGHT, KV_CACHE_DTYPE, GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, ...
+#                  read by start_vllm_server.py (its --help lists them); e.g. MAX_PAGES_IN_FLIGHT=64
+#                  sizes GPU memory for 64 pages at once instead of taking 90% of the card
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/lifecycle.sh

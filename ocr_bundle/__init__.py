@@ -9,4 +9,6 @@ Small modules, one job each, used by the page (app_vllm.py), the stress test
 - sampling: background samplers: GPU memory (NVML, nvidia-smi, none) and vLLM's /metrics
 - loadtest: the stress test's threaded replay and its metrics (a pure function of results)
 - report:   table, JSON, Markdown, plot and before/after comparison
+- vllm_patches, vllm_serve: the fixes the launcher applies to vLLM (packed vision-encoder
+  attention) and the wrapper that starts vLLM with them in every process
 """
