@@ -23,6 +23,7 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import shlex
 import shutil
@@ -89,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="size GPU memory for the load instead of taking a fixed fraction (env "
                              "MAX_PAGES_IN_FLIGHT): reserve KV cache for N pages of ~"
                              f"{PAGE_PROMPT_TOKENS} prompt + {RECOMMENDED_MAX_TOKENS} output tokens and decode "
-                             "at most N at once; overrides --gpu-memory-utilization")
+                             "at most N at once; overrides --gpu-memory-utilization (GPU) and "
+                             "--cpu-kv-cache-gb (CPU)")
     parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default=env_default("KV_CACHE_DTYPE", "auto"),
                         help="auto: the model's bf16; fp8 halves KV memory and the memory traffic that bounds "
                              "decoding many pages at once (env KV_CACHE_DTYPE; see docs/benchmarks.md)")
@@ -228,17 +230,20 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str)
     ]
     # ocr_bundle must import from wherever the launcher is started.
     env: dict[str, str] = {"PYTHONPATH": os.pathsep.join(filter(None, [str(BUNDLE_ROOT), os.environ.get("PYTHONPATH")]))}
-    if device == "cuda" and args.max_pages_in_flight:
+    kv_bytes = None
+    if args.max_pages_in_flight:
         kv_bytes = kv_cache_bytes_for(args.max_pages_in_flight, args.max_model_len,
                                       text_config_of(args.model), args.kv_cache_dtype)
-        command += ["--kv-cache-memory-bytes", str(kv_bytes)]
         if args.max_num_seqs is None:
             command += ["--max-num-seqs", str(args.max_pages_in_flight)]
-    elif device == "cuda":
-        command += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    if device == "cuda":
+        command += (["--kv-cache-memory-bytes", str(kv_bytes)] if kv_bytes
+                    else ["--gpu-memory-utilization", str(args.gpu_memory_utilization)])
     else:
         env["VLLM_TARGET_DEVICE"] = "cpu"
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{args.cpu_kv_cache_gb:g}"
+        # The CPU backend sizes its KV cache in whole GiB of RAM.
+        kv_gib = math.ceil(kv_bytes / 2**30) if kv_bytes else args.cpu_kv_cache_gb
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_gib:g}"
     if args.kv_cache_dtype != "auto":
         command += ["--kv-cache-dtype", args.kv_cache_dtype]
     for flag, value in (

@@ -148,6 +148,13 @@ def test_max_pages_in_flight_sizes_the_kv_cache_instead_of_a_fraction(tiny_check
     assert flag(command, "--max-num-seqs") == "4" and flag(command, "--kv-cache-dtype") == "fp8"
 
 
+def test_max_pages_in_flight_on_the_cpu_backend_sizes_its_ram_kv_cache(tiny_checkpoint, monkeypatch):
+    command, env = command_for(["--model", str(tiny_checkpoint), "--max-pages-in-flight", "1000"], device="cpu",
+                               monkeypatch=monkeypatch)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"  # 1000 x 6,296 x 512 bytes = 3.0 GiB, rounded up
+    assert flag(command, "--max-num-seqs") == "1000" and "--kv-cache-memory-bytes" not in command
+
+
 def test_default_keeps_the_kv_cache_dtype_and_utilization(monkeypatch):
     command, _ = command_for([], monkeypatch=monkeypatch)
     assert "--kv-cache-dtype" not in command and "--kv-cache-memory-bytes" not in command
