@@ -162,9 +162,9 @@ def kv_cache_bytes_for(pages: int, max_model_len: int, text_config: dict, kv_cac
     return pages * tokens * kv_bytes_per_token(text_config, kv_cache_dtype)
 
 
-def text_config_of(model: str) -> dict:
-    if looks_like_path(model):
-        config = json.loads((Path(os.path.expanduser(model)) / "config.json").read_text())
+def text_config_of(model: str, local: bool) -> dict:
+    if local:  # check_local_checkpoint has already read this config.json
+        config = json.loads((Path(model) / "config.json").read_text())
         return config.get("text_config", config)
     return LIGHTONOCR_TEXT_CONFIG
 
@@ -207,8 +207,9 @@ def resolve_device(requested: str, flavour: str | None) -> str:
 
 def build_command(args: argparse.Namespace, passthrough: list[str], device: str) -> tuple[list[str], dict[str, str]]:
     """The vLLM argument list and the extra environment; pure, so it can be tested."""
-    model = os.path.expanduser(args.model) if looks_like_path(args.model) else args.model
-    served = args.served_model_name or (Path(model).name if looks_like_path(args.model) else args.model)
+    local = looks_like_path(args.model)
+    model = os.path.expanduser(args.model) if local else args.model
+    served = args.served_model_name or (Path(model).name if local else args.model)
     # `python -m` rather than the `vllm` command: --target installs have no entry points.
     # On GPUs, `vllm serve` (cli.main) is what handles --api-server-count and internal data-parallel
     # load balancing; the CPU wheel's cli.main looks up a distribution named "vllm" and fails,
@@ -233,9 +234,7 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str)
     kv_bytes = None
     if args.max_pages_in_flight:
         kv_bytes = kv_cache_bytes_for(args.max_pages_in_flight, args.max_model_len,
-                                      text_config_of(args.model), args.kv_cache_dtype)
-        if args.max_num_seqs is None:
-            command += ["--max-num-seqs", str(args.max_pages_in_flight)]
+                                      text_config_of(model, local), args.kv_cache_dtype)
     if device == "cuda":
         command += (["--kv-cache-memory-bytes", str(kv_bytes)] if kv_bytes
                     else ["--gpu-memory-utilization", str(args.gpu_memory_utilization)])
@@ -247,7 +246,7 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str)
     if args.kv_cache_dtype != "auto":
         command += ["--kv-cache-dtype", args.kv_cache_dtype]
     for flag, value in (
-        ("--max-num-seqs", args.max_num_seqs),
+        ("--max-num-seqs", args.max_num_seqs or args.max_pages_in_flight),
         ("--max-num-batched-tokens", args.max_num_batched_tokens),
         ("--tensor-parallel-size", args.tensor_parallel_size),
         ("--data-parallel-size", args.data_parallel_size),

@@ -59,7 +59,7 @@ case "${1:?phase}" in
     done
     echo "server $name ready after $((SECONDS - start)) s" | tee "$OUT/$name-ready.txt"
     grep -E "start_vllm_server|LightOnOCR bundle patch|MMEncoderAttention|Asynchronous scheduling|KV cache|Maximum concurrency|model weights took|graph capturing|torch.compile takes|cudagraph_mode" \
-      "$STATE/$name-server.log" | sort -u | tail -n 24 | tee -a "$OUT/$name-ready.txt"
+      "$STATE/$name-server.log" | awk '!seen[$0]++' | tail -n 24 | tee -a "$OUT/$name-ready.txt"
     ;;
   stress)
     name=${2:?name}; shift 2
