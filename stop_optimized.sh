@@ -7,5 +7,7 @@ ROOT=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/lifecycle.sh
 source "$ROOT/scripts/lifecycle.sh"
 
-stop_service ui "$UI_MARKER"
-stop_service vllm "$VLLM_MARKER"
+rc=0
+stop_service ui || rc=1
+stop_service vllm || rc=1
+exit $rc

@@ -1,7 +1,7 @@
 """HTTP client for vLLM's OpenAI-compatible server, shared by the page and the stress test.
 
 Configuration precedence everywhere in the bundle: command-line flags > environment
-(VLLM_URL, VLLM_API_KEY, VLLM_MODEL) > defaults. Creating a client contacts nothing;
+(VLLM_URL, VLLM_API_KEY, VLLM_MODEL) > defaults (ocr_bundle.settings). Creating a client contacts nothing;
 `status()` is a short probe that never raises.
 
 Errors never escape as stack traces: every failure becomes an `OcrError` whose message a
@@ -17,17 +17,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import requests
+from urllib3.exceptions import ReadTimeoutError
 
-DEFAULT_URL = "http://127.0.0.1:8000"
-# The model's recommended sampling (LightOn's recipe).
-DEFAULT_TEMPERATURE = 0.2
-DEFAULT_TOP_P = 0.9
-DEFAULT_MAX_TOKENS = 4096
-# Separate connect/read timeouts: a dead server is known in seconds, while a dense page
-# at 4,096 tokens on a busy GPU may legitimately take minutes.
-CONNECT_TIMEOUT_S = 10.0
-READ_TIMEOUT_S = 600.0
-STATUS_TIMEOUT_S = 3.0
+from .settings import (
+    CONNECT_TIMEOUT_S,
+    DEFAULT_SERVER_URL,
+    ENV_API_KEY,
+    ENV_MODEL,
+    ENV_URL,
+    MAX_OUTPUT_TOKENS,
+    READ_TIMEOUT_S,
+    STATUS_TIMEOUT_S,
+    TEMPERATURE,
+    TOP_P,
+)
 
 
 class OcrError(Exception):
@@ -72,11 +75,11 @@ class OcrResult:
 
 
 def base_url_from_env(url: str | None = None) -> str:
-    return (url or os.environ.get("VLLM_URL") or DEFAULT_URL).rstrip("/").removesuffix("/v1")
+    return (url or os.environ.get(ENV_URL) or DEFAULT_SERVER_URL).rstrip("/").removesuffix("/v1")
 
 
 def api_key_from_env(api_key: str | None = None) -> str | None:
-    return api_key or os.environ.get("VLLM_API_KEY") or None
+    return api_key or os.environ.get(ENV_API_KEY) or None
 
 
 def error_message_from_response(response: requests.Response) -> str:
@@ -123,9 +126,9 @@ def build_chat_request(
     model: str,
     image_url: str,
     *,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    temperature: float = DEFAULT_TEMPERATURE,
-    top_p: float = DEFAULT_TOP_P,
+    max_tokens: int = MAX_OUTPUT_TOKENS,
+    temperature: float = TEMPERATURE,
+    top_p: float = TOP_P,
     stream: bool = True,
     ignore_eos: bool = False,
 ) -> dict:
@@ -161,7 +164,7 @@ class OcrClient:
     ):
         self.base_url = base_url_from_env(base_url)
         self.api_key = api_key_from_env(api_key)
-        self._model = model or os.environ.get("VLLM_MODEL") or None
+        self._model = model or os.environ.get(ENV_MODEL) or None
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
 
@@ -222,9 +225,9 @@ class OcrClient:
         self,
         image_url: str,
         *,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        temperature: float = DEFAULT_TEMPERATURE,
-        top_p: float = DEFAULT_TOP_P,
+        max_tokens: int = MAX_OUTPUT_TOKENS,
+        temperature: float = TEMPERATURE,
+        top_p: float = TOP_P,
         ignore_eos: bool = False,
         session: requests.Session | None = None,
     ) -> Iterator[str | OcrResult]:
@@ -350,14 +353,20 @@ class OcrClient:
         return final
 
 
+def _is_timeout(exc: requests.RequestException) -> bool:
+    # A read timeout while a streamed body is read reaches us as a ConnectionError wrapping
+    # urllib3's ReadTimeoutError (requests' iter_content), not as requests.Timeout.
+    return isinstance(exc, requests.Timeout) or any(isinstance(arg, ReadTimeoutError) for arg in exc.args)
+
+
 def _transport_kind(exc: requests.RequestException) -> str:
-    return "timeout" if isinstance(exc, requests.Timeout) else "connection"
+    return "timeout" if _is_timeout(exc) else "connection"
 
 
 def _transport_message(exc: requests.RequestException, base_url: str, mid_stream: bool = False) -> str:
     if isinstance(exc, requests.ConnectTimeout):
         return f"Timed out connecting to the vLLM server at {base_url}."
-    if isinstance(exc, requests.Timeout):
+    if _is_timeout(exc):
         return f"The vLLM server at {base_url} did not answer in time (read timeout)."
     if isinstance(exc, requests.ConnectionError):
         if mid_stream:

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-# The vision encoder's native resolution: larger images are resized by the server anyway.
-TARGET_LONGEST_EDGE = 1540
-PDF_RENDER_DPI = 200
+from .settings import PDF_RENDER_DPI, TARGET_LONGEST_EDGE
+
 # A 600-DPI A4 scan is 35 MP; anything far beyond is a mistake or an attack (decompression
 # bomb). Checked from the header, before any pixel is decoded.
 MAX_IMAGE_PIXELS = 100_000_000
@@ -60,6 +61,26 @@ def check_upload_size(data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
     check_size(len(data), max_bytes)
 
 
+# Pillow's bomb limit is a module global; it is lifted only to read the size of an image
+# Pillow has already refused, so that the user gets the same message either side of it.
+_PILLOW_LIMIT_LOCK = threading.Lock()
+
+
+def _header_size_past_pillow_limit(data: bytes) -> tuple[int, int]:
+    with _PILLOW_LIMIT_LOCK:
+        saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+        try:
+            with Image.open(io.BytesIO(data)) as image:  # the header only: no pixel is decoded
+                return image.size
+        finally:
+            Image.MAX_IMAGE_PIXELS = saved
+
+
+def _too_many_pixels(width: int, height: int, max_pixels: int) -> InputError:
+    return InputError(f"The image is {width}×{height} ({width * height / 1e6:.0f} MP); "
+                      f"the limit is {max_pixels / 1e6:.0f} MP. Downscale it first.")
+
+
 def _open_image(data: bytes, max_pixels: int) -> Image.Image:
     """Open an image lazily, refusing bombs from the header alone."""
     try:
@@ -68,7 +89,7 @@ def _open_image(data: bytes, max_pixels: int) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as exc:
-        raise InputError(f"The image is too large to decode safely ({exc}).") from exc
+        raise _too_many_pixels(*_header_size_past_pillow_limit(data), max_pixels) from exc
     except UnidentifiedImageError as exc:
         raise InputError("This file is not an image or PDF that can be read (unknown format).") from exc
     except OSError as exc:
@@ -77,10 +98,7 @@ def _open_image(data: bytes, max_pixels: int) -> Image.Image:
     if width < 1 or height < 1:
         raise InputError("The image has no pixels.")
     if width * height > max_pixels:
-        raise InputError(
-            f"The image is {width}×{height} ({width * height / 1e6:.0f} MP); "
-            f"the limit is {max_pixels / 1e6:.0f} MP. Downscale it first."
-        )
+        raise _too_many_pixels(width, height, max_pixels)
     return image
 
 
@@ -187,11 +205,16 @@ def prepare_image_bytes(
 # ---------------------------------------------------------------- PDFs
 
 
-def _open_pdf(data: bytes):
+PdfSource = bytes | str | Path
+
+
+def open_pdf(source: PdfSource):
+    """A pypdfium2 document from bytes or a path (a path is read by pdfium as needed, so a
+    1,000-page file is never held in memory). Not thread-safe: one document, one thread."""
     import pypdfium2 as pdfium
 
     try:
-        return pdfium.PdfDocument(data)
+        return pdfium.PdfDocument(str(source) if isinstance(source, Path) else source)
     except pdfium.PdfiumError as exc:
         reason = str(exc)
         if "password" in reason.lower():
@@ -199,9 +222,9 @@ def _open_pdf(data: bytes):
         raise InputError(f"The PDF is damaged and cannot be opened ({reason}).") from exc
 
 
-def pdf_page_count(data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> int:
-    check_upload_size(data, max_bytes)
-    pdf = _open_pdf(data)
+def pdf_page_count(source: PdfSource, max_bytes: int = MAX_UPLOAD_BYTES) -> int:
+    check_size(len(source) if isinstance(source, bytes) else Path(source).stat().st_size, max_bytes)
+    pdf = open_pdf(source)
     try:
         count = len(pdf)
     finally:
@@ -209,6 +232,32 @@ def pdf_page_count(data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> int:
     if count < 1:
         raise InputError("The PDF has no pages.")
     return count
+
+
+def render_page_of(
+    pdf,
+    page_number: int,
+    fmt: str = "PNG",
+    dpi: int = PDF_RENDER_DPI,
+    longest_edge: int = TARGET_LONGEST_EDGE,
+) -> PreparedImage:
+    """Render one page (1-based) of an open document at `dpi`, capped so the longest edge is
+    `longest_edge`. The scale is chosen before rendering, so an A0 poster never becomes a
+    100 MP bitmap."""
+    count = len(pdf)
+    if not 1 <= page_number <= count:
+        raise InputError(f"Page {page_number} does not exist: the PDF has {count} page(s).")
+    page = pdf[page_number - 1]
+    try:
+        width_pt, height_pt = page.get_size()
+        scale = min(dpi / 72, longest_edge / max(width_pt, height_pt, 1e-6))
+        bitmap = page.render(scale=scale, draw_annots=True)
+        image = bitmap.to_pil()
+    except Exception as exc:  # pdfium raises its own and ctypes errors on broken pages
+        raise InputError(f"Page {page_number} of the PDF cannot be rendered ({exc}).") from exc
+    finally:
+        page.close()
+    return prepare_pil_image(image, fmt, longest_edge)
 
 
 def render_pdf_page(
@@ -219,29 +268,13 @@ def render_pdf_page(
     longest_edge: int = TARGET_LONGEST_EDGE,
     max_bytes: int = MAX_UPLOAD_BYTES,
 ) -> PreparedImage:
-    """Render one page (1-based) at `dpi`, capped so the longest edge is `longest_edge`.
-
-    The scale is chosen before rendering, so an A0 poster never becomes a 100 MP bitmap.
-    """
+    """One page (1-based) of a PDF held in memory (the page's uploads); see render_page_of."""
     check_upload_size(data, max_bytes)
-    pdf = _open_pdf(data)
+    pdf = open_pdf(data)
     try:
-        count = len(pdf)
-        if not 1 <= page_number <= count:
-            raise InputError(f"Page {page_number} does not exist: the PDF has {count} page(s).")
-        page = pdf[page_number - 1]
-        try:
-            width_pt, height_pt = page.get_size()
-            scale = min(dpi / 72, longest_edge / max(width_pt, height_pt, 1e-6))
-            bitmap = page.render(scale=scale, draw_annots=True)
-            image = bitmap.to_pil()
-        except Exception as exc:  # pdfium raises its own and ctypes errors on broken pages
-            raise InputError(f"Page {page_number} of the PDF cannot be rendered ({exc}).") from exc
-        finally:
-            page.close()
+        return render_page_of(pdf, page_number, fmt, dpi, longest_edge)
     finally:
         pdf.close()
-    return prepare_pil_image(image, fmt, longest_edge)
 
 
 def prepare_upload(

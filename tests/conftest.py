@@ -26,6 +26,13 @@ def ensure_tiny_checkpoint() -> Path:
     return TINY_CHECKPOINT
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Whatever uses the session's vLLM server is slow (it starts in ~60-80 s on 2 cores)."""
+    for item in items:
+        if "vllm_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint() -> Path:
     return ensure_tiny_checkpoint()

@@ -1,9 +1,11 @@
-"""Process helpers for the tests: real processes, own process groups, deadlines."""
+"""Process helpers for the tests: real processes in their own process groups, deadlines.
+
+Starting, readiness and stopping go through ocr_bundle.processes, the implementation the
+shell scripts and the GPU driver use too."""
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +17,9 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+
+from ocr_bundle.pollers import parse_prometheus  # noqa: E402
+from ocr_bundle.processes import NotReady, Service, stop, wait_ready  # noqa: E402
 
 
 def free_port() -> int:
@@ -35,71 +40,59 @@ class Started:
     process: subprocess.Popen
     log: Path
     url: str
+    service: Service
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        self.process.poll()  # reap an exited leader: a zombie is not alive
+        return self.service.leader_alive()
 
 
 def start_process(command: list[str], log: Path, url: str, env: dict[str, str] | None = None) -> Started:
     """Start `command` in its own session (process group), output to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    handle = log.open("wb")
-    process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
-                               env={**os.environ, **(env or {})}, start_new_session=True)
-    handle.close()
-    return Started(process, log, url)
+    with log.open("wb") as handle:
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
+                                   env={**os.environ, **(env or {})}, start_new_session=True)
+    return Started(process, log, url, Service.of(process.pid))
 
 
 def wait_until_ready(started: Started, path: str, deadline_s: float) -> None:
     """Poll `url+path` until it answers 200, failing fast if the process dies."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if not started.alive():
-            raise RuntimeError(f"process exited with {started.process.returncode} before it was ready; "
-                               f"log tail:\n{log_tail(started.log)}")
-        try:
-            if requests.get(started.url + path, timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"not ready after {deadline_s:.0f} s; log tail:\n{log_tail(started.log)}")
-
-
-def process_group_alive(pgid: int) -> bool:
     try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+        wait_ready(started.url + path, started.alive, deadline_s, name=Path(started.process.args[1]).name)
+    except NotReady as exc:
+        raise RuntimeError(f"{exc}; log tail:\n{log_tail(started.log)}") from exc
 
 
 def stop_group(started: Started, grace_s: float = 20.0) -> None:
-    """Stop the leader, then its whole process group (vLLM forks engine processes).
-
-    TERM goes to the leader first: vLLM's API server then shuts its engine down in ~2 s.
-    TERM sent to every process at once makes it wait on an engine that is already gone
-    (~20 s measured), so the group only gets TERM, then KILL, if the leader was not enough.
-    """
-    pgid = started.process.pid  # start_new_session: the leader's PID is the group id
-    steps = ((lambda: os.kill(pgid, signal.SIGTERM), grace_s),
-             (lambda: os.killpg(pgid, signal.SIGTERM), 5.0),
-             (lambda: os.killpg(pgid, signal.SIGKILL), 5.0))
-    for send, wait in steps:
-        started.process.poll()
-        if not process_group_alive(pgid):
-            break
-        try:
-            send()
-        except ProcessLookupError:
-            pass
-        end = time.monotonic() + wait
-        while time.monotonic() < end and process_group_alive(pgid):
-            started.process.poll()  # reap the leader: a zombie still counts as a group member
-            time.sleep(0.1)
+    """Stop the leader, then its whole process group (vLLM forks engine processes)."""
+    stop(started.service, "test process", grace_s, say=lambda _: None, reap=started.process.poll)
     try:
         started.process.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
+
+
+def server_requests(url: str) -> float:
+    """Requests the vLLM server has finished, for any reason (aborted ones included)."""
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    return parse_prometheus(text, {"vllm:request_success_total": sum}).get("vllm:request_success_total", 0.0)
+
+
+def running_requests(url: str, waiting_too: bool = False) -> float:
+    """Requests the vLLM server is running now (and waiting to run, if asked)."""
+    wanted = {"vllm:num_requests_running": sum, "vllm:num_requests_waiting": sum}
+    values = parse_prometheus(requests.get(f"{url}/metrics", timeout=10).text, wanted)
+    return values.get("vllm:num_requests_running", 0.0) + (values.get("vllm:num_requests_waiting", 0.0)
+                                                           if waiting_too else 0.0)
+
+
+def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.1):
+    """Poll `condition()` until it returns something true; that value. Fails after the deadline."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")

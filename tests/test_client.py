@@ -58,3 +58,17 @@ def test_configuration_precedence(monkeypatch):
     assert client.base_url == "http://env-host:9000" and client.headers()["Authorization"] == "Bearer flag-key"
     monkeypatch.delenv("VLLM_API_KEY")
     assert "Authorization" not in OcrClient("http://x").headers()
+
+
+def test_a_read_timeout_in_the_middle_of_a_stream_is_a_timeout_not_a_broken_connection():
+    """requests reports it as a ConnectionError wrapping urllib3's ReadTimeoutError."""
+    from urllib3.exceptions import ReadTimeoutError
+
+    from ocr_bundle.client import _transport_kind, _transport_message
+
+    mid_stream = requests.ConnectionError(ReadTimeoutError(None, None, "Read timed out."))
+    assert _transport_kind(mid_stream) == "timeout"
+    assert "did not answer in time (read timeout)" in _transport_message(mid_stream, "http://x", mid_stream=True)
+    broken = requests.ConnectionError("Connection reset by peer")
+    assert _transport_kind(broken) == "connection"
+    assert "broke during the answer" in _transport_message(broken, "http://x", mid_stream=True)

@@ -1,0 +1,72 @@
+"""The bundle's shared settings: the one file to edit.
+
+Every script reads its configuration the same way: command-line flag > environment
+variable > the defaults below. Environment variables are read once, when a script builds
+its argument parser; nothing reads them inside request code.
+
+Standard library only: the launcher imports this before it knows which Python has vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+# ---------------------------------------------------------------- the model
+MODEL_ID = "lightonai/LightOnOCR-2-1B"
+# A 1540 px A4 page is ~2,150 image tokens in vLLM; rounded up for sizing.
+PAGE_PROMPT_TOKENS = 2200
+# LightOn's recommended max_tokens: what the densest pages need.
+MAX_OUTPUT_TOKENS = 4096
+# 2,200 + 4,096 = 6,296 > 4,096: the article's --max-model-len 4096 truncates dense pages.
+DEFAULT_MAX_MODEL_LEN = 8192
+# LightOn's recommended sampling.
+TEMPERATURE = 0.2
+TOP_P = 0.9
+
+# ---------------------------------------------------------------- page images
+# The vision encoder's native resolution: larger images are resized by the server anyway.
+TARGET_LONGEST_EDGE = 1540
+PDF_RENDER_DPI = 200
+
+# ---------------------------------------------------------------- the services
+DEFAULT_SERVER_URL = "http://127.0.0.1:8000"
+# Separate connect/read timeouts: a dead server is known in seconds, while a dense page at
+# 4,096 tokens on a busy GPU may legitimately take minutes.
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 600.0
+STATUS_TIMEOUT_S = 3.0
+
+# Environment variables every client script understands.
+ENV_URL, ENV_API_KEY, ENV_MODEL = "VLLM_URL", "VLLM_API_KEY", "VLLM_MODEL"
+
+T = TypeVar("T")
+
+
+def env_default(name: str, fallback: T | None = None, cast: Callable[[str], T] = str) -> T | None:
+    """The environment's value for a flag default; unset or empty means `fallback`.
+
+    A value that does not parse ends the program with a one-line message (argparse-style),
+    not a traceback.
+    """
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return fallback
+    try:
+        return cast(value)
+    except ValueError:
+        raise SystemExit(f"error: environment variable {name}={value!r} is not a valid "
+                         f"{getattr(cast, '__name__', 'value')}") from None
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, url_flag: str = "--url") -> None:
+    """--url/--model/--api-key with the same environment fallbacks in every client script."""
+    parser.add_argument(url_flag, dest="url", default=env_default(ENV_URL, DEFAULT_SERVER_URL),
+                        help=f"vLLM server base URL (env {ENV_URL}; default {DEFAULT_SERVER_URL})")
+    parser.add_argument("--model", default=env_default(ENV_MODEL),
+                        help=f"served model name (env {ENV_MODEL}; default: the first one the server's /v1/models "
+                             "lists)")
+    parser.add_argument("--api-key", default=env_default(ENV_API_KEY),
+                        help=f"the server's API key (env {ENV_API_KEY}; default: none)")
