@@ -5,13 +5,17 @@
     python stress_test.py --images pages/ --concurrency 1,4,16,64 --requests 64 --out reports/h200
     python stress_test.py --ignore-eos --max-tokens 1000         # fixed output length: repeatable timing
     python stress_test.py --compare reports/before/results.json  # before/after table with ratios
+    CUDA_VISIBLE_DEVICES=0,1 python stress_test.py ...           # memory of GPUs 0 and 1 only (or --gpus 0,1)
 
 Each image (or PDF page) is prepared and encoded once, into the exact request body every
 request reuses; one HTTP session per worker thread. GPU memory is sampled in the
 background (NVML, else nvidia-smi, else n/a) together with vLLM's /metrics (KV-cache
 usage, running/waiting requests). Reports: a table on stdout, results.json, report.md
-and plot.png in --out. Exit status: 0 ok; 1 error rate above --max-error-rate; 2 the
-run could not start (bad arguments, server unreachable, no usable image).
+and plot.png in --out (the numbers are written first: a plot that fails is a warning).
+Ctrl-C stops the level: no new requests, those in flight get --grace seconds, and the
+report is written, marked interrupted; a second Ctrl-C exits at once. Exit status: 0 ok;
+1 error rate above --max-error-rate; 2 the run could not start (bad arguments, server
+unreachable, no usable image); 130 interrupted.
 
 Precedence: flags > environment (VLLM_URL, VLLM_API_KEY, VLLM_MODEL) > defaults.
 """
@@ -26,10 +30,12 @@ import os
 import platform
 import socket
 import sys
+import threading
 import time
+import warnings
 from pathlib import Path
 
-from ocr_bundle.client import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, OcrClient
+from ocr_bundle.client import OcrClient
 from ocr_bundle.images import (
     MAX_PDF_PAGES_AT_ONCE,
     InputError,
@@ -39,10 +45,12 @@ from ocr_bundle.images import (
     prepare_upload,
     to_data_url,
 )
+from ocr_bundle.interrupts import GracefulInterrupt
 from ocr_bundle.loadtest import Replayer, Workload, calculate_metrics, prepare_workload
+from ocr_bundle.pollers import GpuInfo, PeriodicPoller, devices_in_use, open_gpu_probe, vllm_metrics_probe
 from ocr_bundle.report import aligned_table, client_verdict, compare, write_reports
 from ocr_bundle.samples import find_images
-from ocr_bundle.sampling import PeriodicSampler, open_gpu_probe, vllm_metrics_probe
+from ocr_bundle.settings import TEMPERATURE, TOP_P, add_server_arguments
 
 
 def concurrency_list(text: str) -> list[int]:
@@ -56,11 +64,8 @@ def concurrency_list(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=env("VLLM_URL", "http://127.0.0.1:8000"), help="vLLM base URL (env VLLM_URL)")
-    parser.add_argument("--model", default=env("VLLM_MODEL"), help="model name (env VLLM_MODEL; default: from /v1/models)")
-    parser.add_argument("--api-key", default=env("VLLM_API_KEY"), help="server API key (env VLLM_API_KEY)")
+    add_server_arguments(parser)
     parser.add_argument("--images", nargs="+", metavar="PATH",
                         help="image/PDF files or folders (default: the bundled sample pages)")
     parser.add_argument("--concurrency", type=concurrency_list, default=[1, 2, 4],
@@ -71,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "default 0: --requests only")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the first level (default 2)")
     parser.add_argument("--max-tokens", type=int, default=1024, help="max_tokens per request (default 1024)")
-    parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="sampling temperature (0.2)")
-    parser.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, help="top_p (0.9)")
+    parser.add_argument("--temperature", type=float, default=TEMPERATURE, help=f"sampling temperature ({TEMPERATURE})")
+    parser.add_argument("--top-p", type=float, default=TOP_P, help=f"top_p ({TOP_P})")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="generate exactly --max-tokens tokens per page (vLLM extension): repeatable timing")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
@@ -89,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--label", default="", help="free text stored in the report (e.g. the server flags)")
     parser.add_argument("--max-error-rate", type=float, default=0.0,
                         help="exit 1 when failed/sent exceeds this fraction (default 0: any error fails)")
+    parser.add_argument("--gpus", default=None,
+                        help="GPU indices whose memory to measure, e.g. 0,1 (default: CUDA_VISIBLE_DEVICES, else every "
+                             "GPU NVML sees; NVML counts other tenants' GPUs too)")
+    parser.add_argument("--grace", type=float, default=30.0,
+                        help="after Ctrl-C, seconds requests in flight may take to finish (default 30)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar per level")
     return parser
 
 
@@ -116,6 +127,66 @@ def load_workloads(paths: list[Path], args: argparse.Namespace, model: str) -> l
             workloads.append(prepare_workload(path.name, None, f"unusable input {path.name}: {exc}", model,
                                               **request_options))
     return workloads
+
+
+def read_idle_memory(gpu_probe) -> float | None:
+    """GPU memory in use before the load; n/a (with a warning) if the probe fails."""
+    try:
+        return gpu_probe()["gpu_used_mib"]
+    except Exception as exc:  # the run goes on without it
+        warnings.warn(f"GPU memory cannot be read ({type(exc).__name__}: {exc}): idle memory n/a", RuntimeWarning,
+                      stacklevel=2)
+        return None
+
+
+def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, args: argparse.Namespace,
+              stop: threading.Event, gpu_poller: PeriodicPoller | None, metrics_poller: PeriodicPoller) -> dict:
+    """One concurrency level: the requests, with a live progress bar, and its metrics."""
+    from tqdm import tqdm
+
+    count = max(args.requests, int(args.requests_per_concurrency * concurrency))
+    bar = tqdm(total=count, desc=f"c={concurrency}", unit="req", file=sys.stderr, disable=args.quiet,
+               dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 10)
+    failures = 0
+
+    def on_result(result) -> None:
+        nonlocal failures
+        failures += not result.ok
+        bar.set_postfix_str(f"errors={failures}", refresh=False)
+        bar.update(1)
+
+    start = time.monotonic()
+    try:
+        run = replayer.run(workloads, concurrency, count, stop, args.grace, on_result)
+    finally:
+        bar.close()
+    end = time.monotonic()
+    metrics = calculate_metrics(run.results, concurrency)
+    if gpu_poller:
+        window = gpu_poller.window("gpu_used_mib", start, end)
+        metrics.gpu_memory = {"peak_mib": window.peak, "mean_mib": window.mean, "samples": window.samples,
+                              "per_device": {}}
+        for key in gpu_poller.keys():
+            if key != "gpu_used_mib" and key.endswith("_used_mib"):
+                device = gpu_poller.window(key, start, end)
+                index = key.removesuffix("_used_mib").removeprefix("gpu")
+                metrics.gpu_memory["per_device"][index] = {"peak_mib": device.peak, "mean_mib": device.mean}
+    kv = metrics_poller.window("vllm:kv_cache_usage_perc", start, end)
+    metrics.vllm = {
+        "kv_cache_usage_peak": kv.peak,
+        "kv_cache_usage_mean": kv.mean,
+        "running_peak": metrics_poller.window("vllm:num_requests_running", start, end).peak,
+        "waiting_peak": metrics_poller.window("vllm:num_requests_waiting", start, end).peak,
+    }
+    level = metrics.to_dict()
+    level["window"] = {"start": start, "end": end}
+    level["requests_planned"] = count
+    level["cancelled"], level["abandoned"] = run.cancelled, run.abandoned
+    level["results"] = [{"concurrency": concurrency, **r.__dict__} for r in run.results]
+    note = f" (interrupted: {run.cancelled} never sent, {run.abandoned} abandoned in flight)" if stop.is_set() else ""
+    print(f"concurrency {concurrency}: {metrics.ok}/{metrics.requests} ok, {metrics.pages_per_s:.2f} pages/s, "
+          f"p50 {metrics.latency_p50_s or float('nan'):.2f} s{note}", flush=True)
+    return level
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,51 +223,40 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     replayer = Replayer(client, args.max_tokens, args.stream, args.timeout)
-    gpu_probe, gpu_info = open_gpu_probe()
-    if gpu_probe is None:
-        print(f"GPU memory: n/a ({gpu_info.reason})")
-    gpu_sampler = PeriodicSampler(gpu_probe, args.sample_interval if gpu_info.backend == "nvml"
-                                  else max(args.sample_interval, 1.0), "gpu") if gpu_probe else None
-    metrics_sampler = PeriodicSampler(vllm_metrics_probe(client.base_url, client.headers()),
-                                      max(args.sample_interval, 0.25), "vllm-metrics")
-    gpu_idle = gpu_probe()["gpu_used_mib"] if gpu_probe else None
+    stop = threading.Event()
+
+    def stop_sending() -> None:
+        print(f"\nstopping: no new requests; those in flight get up to {args.grace:g} s; the report follows "
+              "(Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
+        stop.set()
 
     levels, request_rows = [], []
-    with contextlib.ExitStack() as running:
-        if gpu_probe:
-            running.callback(gpu_probe.close)  # NVML shutdown, whatever happens
-        if gpu_sampler:
-            running.enter_context(gpu_sampler)
-        running.enter_context(metrics_sampler)
+    gpu_info, gpu_idle, memory_series = GpuInfo("none", reason="not measured"), None, {}
+    with GracefulInterrupt(stop_sending, "without a report") as interrupt, contextlib.ExitStack() as running:
+        gpu_probe, gpu_info = open_gpu_probe(devices=devices_in_use(args.gpus))
+        if gpu_probe is not None:
+            running.callback(gpu_probe.close)  # NVML shutdown, whatever happens from here
+            gpu_idle = read_idle_memory(gpu_probe)
+        else:
+            print(f"GPU memory: n/a ({gpu_info.reason})")
+        gpu_poller = running.enter_context(PeriodicPoller(
+            gpu_probe, args.sample_interval if gpu_info.backend == "nvml" else max(args.sample_interval, 1.0),
+            "gpu")) if gpu_probe else None
+        metrics_poller = running.enter_context(PeriodicPoller(
+            vllm_metrics_probe(client.base_url, client.headers()), max(args.sample_interval, 0.25), "vllm-metrics"))
         if args.warmup > 0 and usable:
-            warm = replayer.run(usable, min(args.concurrency), args.warmup)
+            warm = replayer.run(usable, min(args.concurrency), args.warmup, stop, args.grace).results
             failed = sum(not r.ok for r in warm)
-            print(f"warm-up: {args.warmup} request(s), {failed} failed"
+            print(f"warm-up: {len(warm)} request(s), {failed} failed"
                   + (f" ({warm[0].error if failed == len(warm) else 'some'})" if failed else ""))
         for concurrency in args.concurrency:
-            count = max(args.requests, int(args.requests_per_concurrency * concurrency))
-            start = time.monotonic()
-            results = replayer.run(workloads, concurrency, count)
-            end = time.monotonic()
-            metrics = calculate_metrics(results, concurrency)
-            if gpu_sampler:
-                window = gpu_sampler.window("gpu_used_mib", start, end)
-                metrics.gpu_memory = {"peak_mib": window.peak, "mean_mib": window.mean, "samples": window.samples}
-            kv = metrics_sampler.window("vllm:kv_cache_usage_perc", start, end)
-            metrics.vllm = {
-                "kv_cache_usage_peak": kv.peak,
-                "kv_cache_usage_mean": kv.mean,
-                "running_peak": metrics_sampler.window("vllm:num_requests_running", start, end).peak,
-                "waiting_peak": metrics_sampler.window("vllm:num_requests_waiting", start, end).peak,
-            }
-            level = metrics.to_dict()
-            level["window"] = {"start": start, "end": end}
-            levels.append(level)
-            request_rows += [{"concurrency": concurrency, **r.__dict__} for r in results]
-            print(f"concurrency {concurrency}: {metrics.ok}/{metrics.requests} ok, {metrics.pages_per_s:.2f} pages/s, "
-                  f"p50 {metrics.latency_p50_s or float('nan'):.2f} s", flush=True)
+            if stop.is_set():
+                break
+            levels.append(run_level(replayer, workloads, concurrency, args, stop, gpu_poller, metrics_poller))
+            request_rows += levels[-1].pop("results")
+        memory_series = ({key: gpu_poller.series(key) for key in gpu_poller.keys() if key.endswith("_used_mib")}
+                         if gpu_poller else {})
 
-    memory_series = gpu_sampler.series("gpu_used_mib") if gpu_sampler else []
     report = {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "environment": {
@@ -204,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             "client_cpus": os.cpu_count(), "server_url": client.base_url, "model": model,
             "vllm_version": status.version, "max_model_len": status.max_model_len,
             "gpu": {"backend": gpu_info.backend, "names": list(gpu_info.names), "total_mib": gpu_info.total_mib,
-                    "reason": gpu_info.reason},
+                    "devices": list(gpu_info.devices), "reason": gpu_info.reason},
             "label": args.label,
         },
         "images": [w.name for w in workloads],
@@ -212,7 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_idle_mib": gpu_idle,
         "levels": levels,
         "requests": request_rows,
-        "gpu_memory_series": [[t, v] for t, v in memory_series],
+        "gpu_memory_series": [[t, v] for t, v in memory_series.get("gpu_used_mib", [])],
+        "gpu_memory_series_per_device": {key.removesuffix("_used_mib").removeprefix("gpu"): [[t, v] for t, v in series]
+                                         for key, series in memory_series.items() if key != "gpu_used_mib"},
+        "interrupted": interrupt.interrupted,
     }
     if args.compare:
         try:
@@ -234,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         for message, n in level["errors_by_message"].items():
             print(f"  c={level['concurrency']}: {n} × {message}")
     print("\nreports: " + ", ".join(str(p) for p in paths.values()))
+    if interrupt.interrupted:
+        print("interrupted: the report covers the requests that finished", file=sys.stderr)
+        return interrupt.exit_code
     rate = failed / sent if sent else 1.0
     if rate > args.max_error_rate:
         print(f"FAILED: {failed} of {sent} requests failed ({rate:.1%} > --max-error-rate {args.max_error_rate:.1%})",

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import requests
@@ -184,10 +184,50 @@ class Replayer:
             client_cpu_s=time.thread_time() - cpu_start,
         )
 
-    def run(self, workloads: list[Workload], concurrency: int, requests_count: int) -> list[RequestResult]:
-        """`requests_count` requests cycling over the workloads, `concurrency` in flight."""
+    def run(self, workloads: list[Workload], concurrency: int, requests_count: int,
+            stop: threading.Event | None = None, grace_s: float = 30.0,
+            on_result: Callable[[RequestResult], None] = lambda result: None) -> LevelRun:
+        """`requests_count` requests cycling over the workloads, `concurrency` in flight.
+
+        When `stop` is set (Ctrl-C), no new request starts; those in flight get `grace_s`
+        to finish, then are abandoned (daemon threads: they cannot hold the process)."""
+        stop = stop or threading.Event()
         level_start = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"c{concurrency}") as pool:
-            futures = [pool.submit(self.send, workloads[i % len(workloads)], level_start)
-                       for i in range(requests_count)]
-            return [f.result() for f in futures]
+        results: list[RequestResult] = []
+        lock = threading.Lock()
+        issued = 0
+
+        def worker() -> None:
+            nonlocal issued
+            while not stop.is_set():
+                with lock:
+                    if issued >= requests_count:
+                        return
+                    index, issued = issued, issued + 1
+                result = self.send(workloads[index % len(workloads)], level_start)
+                with lock:
+                    results.append(result)
+                on_result(result)
+
+        threads = [threading.Thread(target=worker, name=f"c{concurrency}-{i}", daemon=True)
+                   for i in range(min(concurrency, requests_count))]
+        for thread in threads:
+            thread.start()
+        deadline = None
+        for thread in threads:
+            while thread.is_alive():
+                if stop.is_set() and deadline is None:
+                    deadline = time.monotonic() + grace_s
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                thread.join(0.2)  # a timed join: Ctrl-C is handled meanwhile
+        with lock:
+            finished = sorted(results, key=lambda r: r.start_s)
+            return LevelRun(finished, cancelled=requests_count - issued, abandoned=issued - len(finished))
+
+
+@dataclass(frozen=True)
+class LevelRun:
+    results: list[RequestResult]
+    cancelled: int = 0  # never sent: the run was interrupted
+    abandoned: int = 0  # sent, but no answer within the grace period after the interrupt

@@ -1,21 +1,23 @@
-"""Background samplers: GPU memory (NVML, nvidia-smi fallback, none) and vLLM's /metrics.
+"""Background pollers: GPU memory (NVML, nvidia-smi fallback, none) and vLLM's /metrics.
 
-One `PeriodicSampler` polls a probe function in a daemon thread and keeps a time series;
+One `PeriodicPoller` calls a probe function in a daemon thread and keeps a time series;
 the stress test reads peak/mean over each concurrency level's time window. A probe that
-fails makes the sampler warn once and stop sampling — the workload always runs.
+fails makes the poller warn once and stop polling — the workload always runs.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 Probe = Callable[[], dict[str, float]]
 
@@ -33,7 +35,7 @@ class WindowStats:
     samples: int
 
 
-class PeriodicSampler:
+class PeriodicPoller:
     """Calls `probe` every `interval_s` in a thread; a context manager."""
 
     def __init__(self, probe: Probe, interval_s: float, name: str, clock: Callable[[], float] = time.monotonic):
@@ -47,14 +49,14 @@ class PeriodicSampler:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def sample_once(self) -> dict[str, float] | None:
+    def poll_once(self) -> dict[str, float] | None:
         if self.error is not None:
             return None
         try:
             values = self.probe()
         except Exception as exc:  # any probe failure: report, keep the workload running
             self.error = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"{self.name} sampling stopped: {self.error}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"{self.name} polling stopped: {self.error}", RuntimeWarning, stacklevel=2)
             return None
         with self._lock:
             self.samples.append(Sample(self.clock(), values))
@@ -62,11 +64,11 @@ class PeriodicSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set() and self.error is None:
-            self.sample_once()
+            self.poll_once()
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> PeriodicSampler:
-        self._thread = threading.Thread(target=self._run, name=f"{self.name}-sampler", daemon=True)
+    def __enter__(self) -> PeriodicPoller:
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-poller", daemon=True)
         self._thread.start()
         return self
 
@@ -82,6 +84,11 @@ class PeriodicSampler:
             return WindowStats(None, None, 0)
         return WindowStats(max(values), sum(values) / len(values), len(values))
 
+    def keys(self) -> list[str]:
+        """Every value name seen so far, sorted."""
+        with self._lock:
+            return sorted({key for sample in self.samples for key in sample.values})
+
     def series(self, key: str) -> list[tuple[float, float]]:
         with self._lock:
             return [(s.t, s.values[key]) for s in self.samples if key in s.values]
@@ -96,12 +103,36 @@ class GpuInfo:
     names: tuple[str, ...] = ()
     total_mib: float | None = None
     reason: str | None = None  # why "none"
+    devices: tuple[int, ...] = ()  # the machine's indices of the GPUs measured
+
+
+def devices_in_use(requested: str | None = None, environ: dict[str, str] | None = None) -> tuple[int, ...] | None:
+    """GPU indices to measure: `requested` ("0,2"), else CUDA_VISIBLE_DEVICES when it lists
+    indices, else None (every GPU). NVML counts every GPU of the machine, other tenants' too,
+    so a report covers only the devices the server uses. (CUDA numbers devices fastest
+    first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; NVML in bus order; on a machine of
+    identical GPUs the two agree.)"""
+    text = requested if requested is not None else (environ if environ is not None else os.environ).get(
+        "CUDA_VISIBLE_DEVICES")
+    if text is None or not text.strip():
+        return None
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not all(part.isdigit() for part in parts):
+        return None  # UUIDs or MIG names: measure every GPU rather than guess
+    return tuple(int(part) for part in parts)
+
+
+def per_device(values_mib: Sequence[float], devices: Sequence[int]) -> dict[str, float]:
+    """{"gpu_used_mib": total, "gpu0_used_mib": ..., "gpu1_used_mib": ...}."""
+    out = {f"gpu{index}_used_mib": value for index, value in zip(devices, values_mib)}
+    out["gpu_used_mib"] = float(sum(values_mib))
+    return out
 
 
 class NvmlMemoryProbe:
-    """Used device memory summed over all GPUs, in MiB, through NVML (nvidia-ml-py)."""
+    """Used device memory per GPU and summed, in MiB, through NVML (nvidia-ml-py)."""
 
-    def __init__(self, nvml=None):
+    def __init__(self, nvml=None, devices: Sequence[int] | None = None):
         if nvml is None:
             import pynvml as nvml  # nvidia-ml-py
         self.nvml = nvml
@@ -110,7 +141,11 @@ class NvmlMemoryProbe:
             count = nvml.nvmlDeviceGetCount()
             if count < 1:
                 raise RuntimeError("NVML sees no GPU")
-            self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self.devices = tuple(devices) if devices is not None else tuple(range(count))
+            missing = [index for index in self.devices if not 0 <= index < count]
+            if missing:
+                raise RuntimeError(f"no GPU {missing[0]} (NVML sees {count})")
+            self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in self.devices]
             names = [nvml.nvmlDeviceGetName(h) for h in self.handles]
             self.names = tuple(n.decode() if isinstance(n, bytes) else str(n) for n in names)
             self.total_mib = sum(nvml.nvmlDeviceGetMemoryInfo(h).total for h in self.handles) / 2**20
@@ -119,8 +154,7 @@ class NvmlMemoryProbe:
             raise
 
     def __call__(self) -> dict[str, float]:
-        used = sum(self.nvml.nvmlDeviceGetMemoryInfo(h).used for h in self.handles)
-        return {"gpu_used_mib": used / 2**20}
+        return per_device([self.nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20 for h in self.handles], self.devices)
 
     def close(self) -> None:
         self.nvml.nvmlShutdown()
@@ -129,40 +163,43 @@ class NvmlMemoryProbe:
 class NvidiaSmiMemoryProbe:
     """The same through `nvidia-smi` (slower: one process per sample)."""
 
-    QUERY = ["nvidia-smi", "--query-gpu=memory.used,memory.total,name", "--format=csv,noheader,nounits"]
+    QUERY = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total,name", "--format=csv,noheader,nounits"]
 
-    def __init__(self, run=subprocess.run):
+    def __init__(self, run=subprocess.run, devices: Sequence[int] | None = None):
         self.run = run
+        self.wanted = None if devices is None else set(devices)
         rows = self._rows()
-        self.names = tuple(r[2] for r in rows)
-        self.total_mib = sum(float(r[1]) for r in rows)
+        self.devices = tuple(int(r[0]) for r in rows)
+        self.names = tuple(r[3] for r in rows)
+        self.total_mib = sum(float(r[2]) for r in rows)
 
     def _rows(self) -> list[list[str]]:
         out = self.run(self.QUERY, capture_output=True, text=True, timeout=10, check=True).stdout
-        rows = [[c.strip() for c in line.split(",", 2)] for line in out.strip().splitlines() if line.strip()]
+        rows = [[c.strip() for c in line.split(",", 3)] for line in out.strip().splitlines() if line.strip()]
+        rows = [r for r in rows if self.wanted is None or int(r[0]) in self.wanted]
         if not rows:
-            raise RuntimeError("nvidia-smi lists no GPU")
+            raise RuntimeError("nvidia-smi lists no GPU" + (" of those asked for" if self.wanted else ""))
         return rows
 
     def __call__(self) -> dict[str, float]:
-        return {"gpu_used_mib": sum(float(r[0]) for r in self._rows())}
+        return per_device([float(r[1]) for r in self._rows()], self.devices)
 
     def close(self) -> None:
         pass
 
 
-def open_gpu_probe(nvml=None, smi_run=None) -> tuple[Probe | None, GpuInfo]:
+def open_gpu_probe(nvml=None, smi_run=None, devices: Sequence[int] | None = None) -> tuple[Probe | None, GpuInfo]:
     """NVML first, nvidia-smi second, else no probe ('n/a' in reports) with the reason."""
     reasons = []
     try:
-        probe = NvmlMemoryProbe(nvml)
-        return probe, GpuInfo("nvml", probe.names, probe.total_mib)
+        probe = NvmlMemoryProbe(nvml, devices)
+        return probe, GpuInfo("nvml", probe.names, probe.total_mib, devices=probe.devices)
     except Exception as exc:
         reasons.append(f"NVML: {exc}")
     if smi_run is not None or shutil.which("nvidia-smi"):
         try:
-            probe = NvidiaSmiMemoryProbe(smi_run or subprocess.run)
-            return probe, GpuInfo("nvidia-smi", probe.names, probe.total_mib)
+            probe = NvidiaSmiMemoryProbe(smi_run or subprocess.run, devices)
+            return probe, GpuInfo("nvidia-smi", probe.names, probe.total_mib, devices=probe.devices)
         except Exception as exc:
             reasons.append(f"nvidia-smi: {exc}")
     else:
@@ -183,18 +220,13 @@ VLLM_GAUGES = {
 
 
 def parse_prometheus(text: str, wanted: dict[str, Callable] = VLLM_GAUGES) -> dict[str, float]:
-    """Pick gauges out of Prometheus text; labels are folded with each gauge's reducer."""
+    """Pick gauges out of Prometheus text (prometheus_client's parser); the series of each
+    gauge (one per engine and label set) are folded with its reducer."""
     found: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        name = name_labels.split("{", 1)[0]
-        if name in wanted:
-            try:
-                found.setdefault(name, []).append(float(value))
-            except ValueError:
-                continue
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                found.setdefault(sample.name, []).append(float(sample.value))
     values = {name: wanted[name](vals) for name, vals in found.items()}
     if "vllm:gpu_cache_usage_perc" in values and "vllm:kv_cache_usage_perc" not in values:
         values["vllm:kv_cache_usage_perc"] = values["vllm:gpu_cache_usage_perc"]
@@ -211,7 +243,7 @@ def vllm_metrics_probe(base_url: str, headers: dict[str, str] | None = None, tim
         try:
             response = session.get(f"{base_url}/metrics", timeout=timeout)
         except requests.RequestException:
-            return {}  # a server restarting mid-run is the workload's problem, not the sampler's
+            return {}  # a server restarting mid-run is the workload's problem, not the poller's
         return parse_prometheus(response.text) if response.status_code == 200 else {}
 
     return probe

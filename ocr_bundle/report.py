@@ -6,8 +6,12 @@ numbers always agree, and a saved JSON can be re-rendered or compared later.
 
 from __future__ import annotations
 
-import json
+import warnings
 from pathlib import Path
+
+from .files import atomic_write_json, atomic_write_text
+
+Series = dict[str, list[tuple[float, float]]]  # "gpu_used_mib" (all devices), "gpu0_used_mib", ...
 
 # (key in level metrics, column title, format)
 COLUMNS = [
@@ -84,7 +88,7 @@ def markdown_report(report: dict) -> str:
     env, args = report["environment"], report["args"]
     gpu = env.get("gpu") or {}
     parts = [
-        f"# Stress test — {env.get('model')}",
+        f"# Stress test — {env.get('model')}" + (" (INTERRUPTED)" if report.get("interrupted") else ""),
         "",
         f"- When: {env.get('started_at')}; server {env.get('server_url')} (vLLM {env.get('vllm_version')}, "
         f"max_model_len {env.get('max_model_len')})",
@@ -98,6 +102,8 @@ def markdown_report(report: dict) -> str:
         "",
         markdown_table(*rows(report)),
         "",
+        *interruption_lines(report),
+        *per_device_lines(report),
         "Throughput counts successful pages over the level's wall time. GPU memory is device memory "
         "used (vLLM reserves `--gpu-memory-utilization` of the card at start, so it mostly measures that "
         "flag); the KV-cache columns come from vLLM's /metrics and show how much of that reservation the "
@@ -115,6 +121,29 @@ def markdown_report(report: dict) -> str:
     if report.get("comparison"):
         parts += ["", "## Before / after", "", report["comparison"]]
     return "\n".join(parts) + "\n"
+
+
+def interruption_lines(report: dict) -> list[str]:
+    if not report.get("interrupted"):
+        return []
+    lines = ["**Interrupted (Ctrl-C)**: the numbers cover the requests that finished."]
+    for level in report["levels"]:
+        if level.get("cancelled") or level.get("abandoned"):
+            lines.append(f"- concurrency {level['concurrency']}: {level['requests']} of {level['requests_planned']} "
+                         f"requests finished; {level['cancelled']} never sent, {level['abandoned']} abandoned in flight")
+    return lines + [""]
+
+
+def per_device_lines(report: dict) -> list[str]:
+    """GPU memory of each device measured, when there are several (data parallel replicas)."""
+    lines = []
+    for level in report["levels"]:
+        devices = (level.get("gpu_memory") or {}).get("per_device") or {}
+        if len(devices) > 1:
+            cells = ", ".join(f"GPU {index} peak {fmt(value['peak_mib'], '{:,.0f}')} MiB"
+                              for index, value in sorted(devices.items(), key=lambda item: int(item[0])))
+            lines.append(f"- concurrency {level['concurrency']}: {cells}")
+    return (["GPU memory per device:", ""] + lines + [""]) if lines else []
 
 
 COMPARED = [
@@ -145,7 +174,7 @@ def compare(before: dict, after: dict) -> str:
     return markdown_table(["concurrency", "metric", "before", "after", "after / before"], body)
 
 
-def plot(report: dict, memory_series: list[tuple[float, float]], path: Path) -> None:
+def plot(report: dict, memory_series: Series, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -154,43 +183,65 @@ def plot(report: dict, memory_series: list[tuple[float, float]], path: Path) -> 
     levels = report["levels"]
     conc = [lv["concurrency"] for lv in levels]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    axes[0].plot(conc, [lv["pages_per_s"] for lv in levels], "o-")
-    axes[0].set(title="Throughput", xlabel="concurrency", ylabel="pages/s")
-    axes[0].set_ylim(bottom=0)
-    for key, label in (("latency_p50_s", "p50"), ("latency_p99_s", "p99"), ("ttft_p50_s", "TTFT p50")):
-        axes[1].plot(conc, [lv[key] if lv[key] is not None else float("nan") for lv in levels], "o-", label=label)
-    axes[1].set(title="Latency", xlabel="concurrency", ylabel="seconds")
-    axes[1].legend()
-    if memory_series:
-        t0 = memory_series[0][0]
-        axes[2].plot([t - t0 for t, _ in memory_series], [v / 1024 for _, v in memory_series])
-        for lv in levels:
-            window = lv.get("window") or {}
-            if "start" in window:
-                axes[2].axvspan(window["start"] - t0, window["end"] - t0, alpha=0.1)
-                axes[2].text(window["start"] - t0, 0, f"c={lv['concurrency']}", fontsize=8)
-        axes[2].set(title="GPU memory used", xlabel="seconds", ylabel="GiB")
-    else:
-        axes[2].text(0.5, 0.5, "GPU memory: n/a (no GPU)", ha="center", va="center")
-        axes[2].set(title="GPU memory used")
-    for axis in axes[:2]:
-        axis.set_xscale("log", base=2)
-        axis.set_xticks(conc, [str(c) for c in conc])
-        axis.grid(alpha=0.3)
-    fig.suptitle(f"{report['environment'].get('model')} — {report['environment'].get('started_at')}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        axes[0].plot(conc, [lv["pages_per_s"] for lv in levels], "o-")
+        axes[0].set(title="Throughput", xlabel="concurrency", ylabel="pages/s")
+        axes[0].set_ylim(bottom=0)
+        for key, label in (("latency_p50_s", "p50"), ("latency_p99_s", "p99"), ("ttft_p50_s", "TTFT p50")):
+            axes[1].plot(conc, [lv[key] if lv[key] is not None else float("nan") for lv in levels], "o-", label=label)
+        axes[1].set(title="Latency", xlabel="concurrency", ylabel="seconds")
+        axes[1].legend()
+        total = memory_series.get("gpu_used_mib") or []
+        if total:
+            t0 = total[0][0]
+            devices = sorted((key for key in memory_series if key != "gpu_used_mib"),
+                             key=lambda key: int(key.removeprefix("gpu").removesuffix("_used_mib")))
+            lines = [("gpu_used_mib", "all GPUs measured")] + ([(key, key.removesuffix("_used_mib").upper())
+                                                               for key in devices] if len(devices) > 1 else [])
+            for key, label in lines:
+                axes[2].plot([t - t0 for t, _ in memory_series[key]], [v / 1024 for _, v in memory_series[key]],
+                             label=label)
+            # Levels as shaded spans labelled at the top of the axes (axes coordinates): a label placed
+            # at a data value falls far outside a flat memory curve's tiny autoscaled range.
+            label_at = axes[2].get_xaxis_transform()
+            for lv in levels:
+                window = lv.get("window") or {}
+                if "start" in window:
+                    axes[2].axvspan(window["start"] - t0, window["end"] - t0, alpha=0.1)
+                    axes[2].text(window["start"] - t0, 0.98, f"c={lv['concurrency']}", fontsize=8,
+                                 va="top", transform=label_at, clip_on=True)
+            peak = max(v for key, _ in lines for _, v in memory_series[key]) / 1024
+            axes[2].set_ylim(0, max(peak * 1.15, 1))  # from zero: what is reserved reads as such; room for labels
+            axes[2].set(title="GPU memory used", xlabel="seconds", ylabel="GiB")
+            if len(lines) > 1:
+                axes[2].legend(fontsize=8, loc="lower right")
+        else:
+            axes[2].text(0.5, 0.5, "GPU memory: n/a (no GPU)", ha="center", va="center", transform=axes[2].transAxes)
+            axes[2].set(title="GPU memory used")
+        for axis in axes[:2]:
+            if len(conc) > 1:
+                axis.set_xscale("log", base=2)
+            axis.set_xticks(conc, [str(c) for c in conc])
+            axis.grid(alpha=0.3)
+        fig.suptitle(f"{report['environment'].get('model')} — {report['environment'].get('started_at')}")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
 
 
-def write_reports(report: dict, memory_series: list[tuple[float, float]], out_dir: Path) -> dict[str, Path]:
+def write_reports(report: dict, memory_series: Series, out_dir: Path) -> dict[str, Path]:
+    """results.json and report.md first (the numbers), then the plot: a plot that fails is a
+    warning, never a lost report or a changed exit status."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "results.json", "markdown": out_dir / "report.md", "plot": out_dir / "plot.png"}
-    paths["json"].write_text(json.dumps(report, indent=2) + "\n")
-    paths["markdown"].write_text(markdown_report(report))
+    atomic_write_json(paths["json"], report)
+    atomic_write_text(paths["markdown"], markdown_report(report))
     try:
         plot(report, memory_series, paths["plot"])
-    except ImportError as exc:  # a GPU box without matplotlib still gets its numbers
-        print(f"warning: no plot ({exc}); pip install matplotlib")
+    except Exception as exc:  # matplotlib missing, a font or layout failure: the numbers are safe
+        warnings.warn(f"no plot ({type(exc).__name__}: {exc}); the numbers are in {paths['json']}", RuntimeWarning,
+                      stacklevel=2)
+        paths["plot"].unlink(missing_ok=True)
         del paths["plot"]
     return paths

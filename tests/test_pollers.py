@@ -1,4 +1,4 @@
-"""GPU memory sampling with a fake NVML / fake nvidia-smi / no GPU, and /metrics parsing."""
+"""GPU memory polling with a fake NVML / fake nvidia-smi / no GPU, and /metrics parsing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ocr_bundle.sampling import PeriodicSampler, open_gpu_probe, parse_prometheus
+from ocr_bundle.pollers import PeriodicPoller, devices_in_use, open_gpu_probe, parse_prometheus
 
 MIB = 2**20
 
@@ -30,7 +30,7 @@ class FakeNvml:
         self.shut_down = True
 
     def nvmlDeviceGetCount(self):
-        return 2
+        return len(self.script[0])
 
     def nvmlDeviceGetHandleByIndex(self, index):
         return index
@@ -50,7 +50,7 @@ def test_nvml_probe_sums_devices_and_shuts_down():
     assert info.backend == "nvml" and info.names == ("NVIDIA H200", "NVIDIA H200")
     assert info.total_mib == 2 * 143771
     # total_mib read one row (2 calls); next reads follow the script
-    assert probe() == {"gpu_used_mib": 4000.0}
+    assert probe() == {"gpu_used_mib": 4000.0, "gpu0_used_mib": 1500.0, "gpu1_used_mib": 2500.0}
     probe.close()
     assert nvml.shut_down
 
@@ -58,11 +58,13 @@ def test_nvml_probe_sums_devices_and_shuts_down():
 def test_nvidia_smi_is_the_fallback():
     def fake_run(cmd, **kwargs):
         assert cmd[0] == "nvidia-smi"
-        return subprocess.CompletedProcess(cmd, 0, stdout="1200, 143771, NVIDIA H200\n300, 143771, NVIDIA H200\n")
+        return subprocess.CompletedProcess(cmd, 0, stdout="0, 1200, 143771, NVIDIA H200\n1, 300, 143771, NVIDIA H200\n")
 
     probe, info = open_gpu_probe(nvml=FakeNvml(fail_init=True), smi_run=fake_run)
     assert info.backend == "nvidia-smi" and info.names == ("NVIDIA H200", "NVIDIA H200")
-    assert probe() == {"gpu_used_mib": 1500.0}
+    assert probe() == {"gpu_used_mib": 1500.0, "gpu0_used_mib": 1200.0, "gpu1_used_mib": 300.0}
+    probe, info = open_gpu_probe(nvml=FakeNvml(fail_init=True), smi_run=fake_run, devices=[1])
+    assert info.devices == (1,) and probe() == {"gpu_used_mib": 300.0, "gpu1_used_mib": 300.0}
 
 
 def test_no_gpu_gives_no_probe_and_a_reason():
@@ -77,9 +79,9 @@ def test_no_gpu_gives_no_probe_and_a_reason():
 def test_sampler_windows_with_a_fake_clock():
     clock = iter([1.0, 2.0, 3.0, 4.0])
     values = iter([10.0, 30.0, 20.0, 50.0])
-    sampler = PeriodicSampler(lambda: {"m": next(values)}, 0.01, "test", clock=lambda: next(clock))
+    sampler = PeriodicPoller(lambda: {"m": next(values)}, 0.01, "test", clock=lambda: next(clock))
     for _ in range(4):
-        sampler.sample_once()
+        sampler.poll_once()
     window = sampler.window("m", 1.5, 3.5)
     assert (window.peak, window.mean, window.samples) == (30.0, 25.0, 2)
     assert sampler.window("m", 10, 20).peak is None
@@ -91,13 +93,13 @@ def test_a_failing_probe_warns_once_and_the_workload_continues():
         raise RuntimeError("GPU fell off the bus")
 
     with pytest.warns(RuntimeWarning, match="GPU fell off the bus"):
-        with PeriodicSampler(broken, 0.001, "gpu") as sampler:
+        with PeriodicPoller(broken, 0.001, "gpu") as sampler:
             sampler._stop.wait(0.05)
     assert sampler.samples == [] and "GPU fell off the bus" in sampler.error
 
 
 def test_sampler_thread_collects_and_stops():
-    with PeriodicSampler(lambda: {"m": 1.0}, 0.005, "t") as sampler:
+    with PeriodicPoller(lambda: {"m": 1.0}, 0.005, "t") as sampler:
         sampler._stop.wait(0.1)
     assert len(sampler.samples) >= 3
     assert not sampler._thread.is_alive()
@@ -115,3 +117,28 @@ vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"}
     assert parse_prometheus(text) == {"vllm:kv_cache_usage_perc": 0.5, "vllm:num_requests_running": 7.0,
                                       "vllm:num_requests_waiting": 1.0}
     assert parse_prometheus('vllm:gpu_cache_usage_perc{a="b"} 0.1') == {"vllm:kv_cache_usage_perc": 0.1}
+
+
+def test_only_the_devices_in_use_are_measured():
+    # A machine of 4 GPUs (another tenant on 0 and 3); the server uses 1 and 2.
+    nvml = FakeNvml(used_mib=((90000, 1000, 2000, 80000),))
+    probe, info = open_gpu_probe(nvml=nvml, devices=devices_in_use(environ={"CUDA_VISIBLE_DEVICES": "1,2"}))
+    assert info.devices == (1, 2) and info.total_mib == 2 * 143771
+    assert probe() == {"gpu_used_mib": 3000.0, "gpu1_used_mib": 1000.0, "gpu2_used_mib": 2000.0}
+    assert devices_in_use("0, 3") == (0, 3)  # --gpus wins over the environment
+    assert devices_in_use(environ={}) is None and devices_in_use(environ={"CUDA_VISIBLE_DEVICES": "GPU-3f2a"}) is None
+    missing, info = open_gpu_probe(nvml=FakeNvml(), smi_run=lambda *a, **k: (_ for _ in ()).throw(OSError("x")),
+                                   devices=[5])
+    assert missing is None and "no GPU 5" in info.reason
+
+
+def test_parse_prometheus_uses_the_real_parser_and_ignores_other_metrics():
+    text = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 5.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 7.0
+"""
+    assert parse_prometheus(text) == {"vllm:num_requests_running": 2.0}
+    assert parse_prometheus(text, {"vllm:request_success_total": sum}) == {"vllm:request_success_total": 12.0}

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
+import time
+import warnings
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
-from helpers import PYTHON, ROOT, free_port
+from helpers import PYTHON, ROOT, free_port, running_requests, wait_for
 from ocr_bundle.samples import sample_path
+from test_pollers import FakeNvml
 
 
 def stress(*argv: str, url: str) -> subprocess.CompletedProcess:
@@ -82,3 +88,87 @@ def test_nothing_listening_is_a_clear_error(tmp_path: Path):
     assert "cannot use the vLLM server" in done.stderr and "Cannot reach" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_ctrl_c_during_a_level_writes_the_report_marked_interrupted(vllm_server, tmp_path: Path):
+    out = tmp_path / "interrupted"
+    run = subprocess.Popen([PYTHON, str(ROOT / "stress_test.py"), "--url", vllm_server.url, "--concurrency", "2",
+                            "--requests", "40", "--warmup", "0", "--max-tokens", "400", "--ignore-eos",
+                            "--grace", "60", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env={**os.environ, "VLLM_API_KEY": ""})
+    wait_for(lambda: running_requests(vllm_server.url) >= 2, 120, "two requests in flight")
+    run.send_signal(signal.SIGINT)
+    interrupted_at = time.monotonic()
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == 130, stderr
+    assert time.monotonic() - interrupted_at < 60  # the two in flight finish; 38 queued are never sent
+    report = json.loads((out / "results.json").read_text())
+    level = report["levels"][0]
+    assert report["interrupted"] is True
+    assert level["requests_planned"] == 40 and level["requests"] + level["cancelled"] + level["abandoned"] == 40
+    assert level["cancelled"] >= 30 and level["requests"] >= 2
+    assert "(INTERRUPTED)" in (out / "report.md").read_text() and "never sent" in (out / "report.md").read_text()
+    assert "stopping: no new requests" in stderr and "Traceback" not in stderr
+
+
+def test_a_long_level_shows_live_progress(vllm_server, tmp_path: Path):
+    done = stress("--concurrency", "2", "--requests", "6", "--warmup", "0", "--max-tokens", "4", "--ignore-eos",
+                  "--out", str(tmp_path / "p"), url=vllm_server.url)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"c=2: 100%.*6/6", done.stderr), done.stderr
+    quiet = stress("--concurrency", "2", "--requests", "2", "--warmup", "0", "--max-tokens", "4", "--quiet",
+                   "--out", str(tmp_path / "q"), url=vllm_server.url)
+    assert "c=2:" not in quiet.stderr
+
+
+class FailingNvml(FakeNvml):
+    """Starts fine, then every memory read fails: the NVML handle must still be shut down."""
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        if self.calls >= 1:
+            raise RuntimeError("GPU is lost")
+        return super().nvmlDeviceGetMemoryInfo(handle)
+
+
+def test_nvml_is_shut_down_even_when_the_first_read_fails(vllm_server, tmp_path: Path, monkeypatch):
+    import stress_test
+    from ocr_bundle import pollers
+
+    nvml = FailingNvml(used_mib=((1000,),))
+    monkeypatch.setattr(stress_test, "open_gpu_probe", lambda devices=None: pollers.open_gpu_probe(nvml=nvml))
+    with pytest.warns(RuntimeWarning, match="GPU is lost"):
+        code = stress_test.main(["--url", vllm_server.url, "--concurrency", "1", "--requests", "1", "--warmup", "0",
+                                 "--max-tokens", "2", "--quiet", "--out", str(tmp_path / "nvml")])
+    assert code == 0
+    assert nvml.initialised and nvml.shut_down
+    report = json.loads((tmp_path / "nvml" / "results.json").read_text())
+    assert report["gpu_idle_mib"] is None and report["environment"]["gpu"]["backend"] == "nvml"
+
+
+def test_one_level_with_flat_gpu_memory_plots_cleanly(tmp_path: Path):
+    """What an H200 produced at --concurrency 1: NVML flat at ~131.7 GB. The level label used to
+    sit at y=0 of an axis autoscaled around 131 GB; matplotlib failed to lay the figure out."""
+    from ocr_bundle.report import plot
+
+    level = {"concurrency": 1, "pages_per_s": 0.35, "latency_p50_s": 2.8, "latency_p99_s": 3.1, "ttft_p50_s": 0.18,
+             "window": {"start": 100.0, "end": 130.0}}
+    report = {"levels": [level], "environment": {"model": "m", "started_at": "2026-11-30"}}
+    series = {"gpu_used_mib": [(100.0 + i * 0.2, 134_860.0) for i in range(150)]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Tight layout not applied" and the like fail the test
+        plot(report, series, tmp_path / "plot.png")
+    assert Image.open(tmp_path / "plot.png").size == (1600, 450)
+
+
+def test_a_failing_plot_is_a_warning_after_the_numbers_are_written(tmp_path: Path, monkeypatch):
+    from ocr_bundle import report as reports
+
+    def broken_plot(*args):
+        raise RuntimeError("FT_Render_Glyph failed: raster overflow")
+
+    monkeypatch.setattr(reports, "plot", broken_plot)
+    report = {"levels": [], "environment": {}, "args": {}, "images": []}
+    with pytest.warns(RuntimeWarning, match="raster overflow"):
+        paths = reports.write_reports(report, {}, tmp_path / "r")
+    assert set(paths) == {"json", "markdown"} and json.loads(paths["json"].read_text())["levels"] == []
+    assert not (tmp_path / "r" / "plot.png").exists()
