@@ -23,7 +23,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ocr_bundle.client import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, OcrClient, OcrError, OcrResult
+from ocr_bundle.client import OcrClient, OcrError, OcrResult
 from ocr_bundle.images import (
     MAX_PDF_PAGES_AT_ONCE,
     MAX_UPLOAD_BYTES,
@@ -36,6 +36,7 @@ from ocr_bundle.images import (
     prepare_upload,
 )
 from ocr_bundle.samples import sample_paths
+from ocr_bundle.settings import MAX_OUTPUT_TOKENS, PAGE_PROMPT_TOKENS, READ_TIMEOUT_S, TEMPERATURE, add_server_arguments, env_default
 
 LATEX_DELIMITERS = [
     {"left": "$$", "right": "$$", "display": True},
@@ -139,7 +140,7 @@ class OcrPage:
             raise user_error(exc) from exc
 
     def extract(self, path: str | None, page: int = 1, all_pages: bool = False,
-                max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = DEFAULT_TEMPERATURE,
+                max_tokens: int = MAX_OUTPUT_TOKENS, temperature: float = TEMPERATURE,
                 encoding: str = "PNG") -> Iterator[tuple[str, str, str]]:
         """Stream (rendered markdown, raw text, stats) while the pages are read."""
         start = time.perf_counter()
@@ -189,11 +190,12 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
                 all_pages = gr.Checkbox(label=f"All pages (up to {MAX_PDF_PAGES_AT_ONCE})", visible=False)
                 preview = gr.Image(label="What the model sees", interactive=False, height=360)
                 with gr.Accordion("Settings", open=False):
-                    max_tokens = gr.Slider(16, 8192, value=DEFAULT_MAX_TOKENS, step=16, label="Max output tokens",
-                                           info="4096 fits the densest pages; the server's max_model_len must "
-                                                "hold ~2,200 image tokens plus this")
-                    temperature = gr.Slider(0.0, 1.0, value=DEFAULT_TEMPERATURE, step=0.05, label="Temperature",
-                                            info="0.2 is the model's recommendation")
+                    max_tokens = gr.Slider(16, 8192, value=MAX_OUTPUT_TOKENS, step=16, label="Max output tokens",
+                                           info=f"{MAX_OUTPUT_TOKENS} fits the densest pages; the server's max_model_len "
+                                                f"must hold ~{PAGE_PROMPT_TOKENS:,} image tokens plus this",
+                                           elem_id="max-tokens")
+                    temperature = gr.Slider(0.0, 1.0, value=TEMPERATURE, step=0.05, label="Temperature",
+                                            info=f"{TEMPERATURE} is the model's recommendation")
                     encoding = gr.Radio(["PNG", "JPEG"], value="PNG", label="Encoding sent to the server",
                                         info="PNG is lossless; JPEG is smaller for slow links")
                 extract_button = gr.Button("Extract text", variant="primary", elem_id="extract")
@@ -209,7 +211,12 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
                                          elem_id="raw")
         # A new file clears the previous result first, so an error never sits next to old text.
         upload.change(lambda: ("", "", ""), None, [rendered, raw, stats], queue=False)
-        upload.change(on_upload, [upload], [page_number, all_pages, preview], concurrency_limit=settings.concurrency)
+        uploaded = upload.change(on_upload, [upload], [page_number, all_pages, preview],
+                                 concurrency_limit=settings.concurrency)
+        # A file the preview already refused would only raise the same message again on
+        # Extract: the button waits for a file that can be read (one toast per bad upload).
+        uploaded.success(lambda: gr.update(interactive=True), None, extract_button, queue=False)
+        uploaded.failure(lambda: gr.update(interactive=False), None, extract_button, queue=False)
         page_number.release(on_page_change, [upload, page_number], [preview],
                             concurrency_limit=settings.concurrency)
         extract_button.click(extract, [upload, page_number, all_pages, max_tokens, temperature, encoding],
@@ -233,24 +240,20 @@ def parse_auth(value: str | None) -> list[tuple[str, str]] | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server-url", default=env("VLLM_URL", "http://127.0.0.1:8000"),
-                        help="vLLM server base URL (env VLLM_URL)")
-    parser.add_argument("--model", default=env("VLLM_MODEL"),
-                        help="served model name (env VLLM_MODEL; default: ask the server's /v1/models)")
-    parser.add_argument("--api-key", default=env("VLLM_API_KEY"), help="the server's API key (env VLLM_API_KEY)")
-    parser.add_argument("--host", default=env("UI_HOST", "127.0.0.1"),
+    add_server_arguments(parser, url_flag="--server-url")
+    parser.add_argument("--host", default=env_default("UI_HOST", "127.0.0.1"),
                         help="interface for the page (env UI_HOST; default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=int(env("UI_PORT", "7860")), help="page port (env UI_PORT)")
-    parser.add_argument("--auth", default=env("UI_AUTH"),
+    parser.add_argument("--port", type=int, default=env_default("UI_PORT", 7860, int),
+                        help="page port (env UI_PORT; default 7860)")
+    parser.add_argument("--auth", default=env_default("UI_AUTH"),
                         help="require a login, user:password[,user2:password2] (env UI_AUTH)")
-    parser.add_argument("--max-upload-mb", type=float, default=float(env("UI_MAX_UPLOAD_MB", "50")),
+    parser.add_argument("--max-upload-mb", type=float, default=env_default("UI_MAX_UPLOAD_MB", 50.0, float),
                         help="largest accepted upload in MB (env UI_MAX_UPLOAD_MB; default 50)")
-    parser.add_argument("--concurrency", type=int, default=int(env("UI_CONCURRENCY", "16")),
+    parser.add_argument("--concurrency", type=int, default=env_default("UI_CONCURRENCY", 16, int),
                         help="requests the page sends to vLLM at once (env UI_CONCURRENCY; default 16)")
-    parser.add_argument("--timeout", type=float, default=600.0,
-                        help="seconds to wait for one page's answer (default 600)")
+    parser.add_argument("--timeout", type=float, default=READ_TIMEOUT_S,
+                        help=f"seconds to wait for one page's answer (default {READ_TIMEOUT_S:g})")
     return parser
 
 
@@ -259,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     auth = parse_auth(args.auth)
     if args.host in ("0.0.0.0", "::") and not auth:
         print("WARNING: the page is open to the network without a login (set --auth / UI_AUTH).", file=sys.stderr)
-    client = OcrClient(args.server_url, api_key=args.api_key, model=args.model, read_timeout=args.timeout)
+    client = OcrClient(args.url, api_key=args.api_key, model=args.model, read_timeout=args.timeout)
     max_bytes = int(args.max_upload_mb * 1024 * 1024)
     page = build_ui(client, PageSettings(max_upload_bytes=max_bytes, concurrency=args.concurrency))
     page.queue(default_concurrency_limit=args.concurrency, max_size=256)
