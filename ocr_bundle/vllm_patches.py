@@ -15,8 +15,14 @@ after 0.26); the GPU build pinned here (0.26.0, the newest for torch 2.11) preda
 `apply()` backports that fix: each encoder attention layer gets an `MMEncoderAttention`
 (FlashAttention varlen on CUDA, per-image SDPA on CPU, whatever vLLM selects), and the
 vision model passes cumulative sequence lengths instead of building the mask. Same
-math, no checkpoint or output-shape change. On a vLLM that already packs (it imports
-`MMEncoderAttention` in its Pixtral module) `apply()` does nothing.
+math, no checkpoint or output-shape change.
+
+It replaces vLLM code, so it only touches the code it was proven on: the exact vLLM
+versions in VERIFIED (0.26.0, on an H200: docs/benchmarks.md), and only while the source
+of the three methods it replaces hashes to the fingerprint recorded for that version.
+Anything else (a newer vLLM that packs by itself, a patched 0.26 build) runs as shipped,
+and one log line says why. `OCR_BUNDLE_VLLM_PATCHES=off` switches it off; an error raised
+inside the patched code says so.
 
 How it reaches every process: start_vllm_server.py runs vLLM through
 `python -m ocr_bundle.vllm_serve`, which calls `apply()` at import time. Forked vLLM
@@ -25,14 +31,20 @@ processes inherit the patched classes; spawned ones re-import that main module f
 
 from __future__ import annotations
 
+import ast
+import functools
+import hashlib
 import os
 import sys
 from dataclasses import dataclass
 
-
 UPSTREAM_FIX = "vllm-project/vllm#52185"
 # Set to "off" to run vLLM unpatched (the benchmarks' before/after comparison).
 DISABLE_ENV = "OCR_BUNDLE_VLLM_PATCHES"
+# vLLM version -> fingerprint of the Pixtral methods the patch replaces, as proven there.
+VERIFIED = {"0.26.0": "38e27c21636a6f22"}
+REPLACED_METHODS = (("PixtralHFAttention", "__init__"), ("PixtralHFAttention", "forward"),
+                    ("PixtralHFVisionModel", "forward"))
 _applied: str | None = None
 
 
@@ -52,8 +64,36 @@ def cumulative_lengths(lengths: list[int]):
     return np.concatenate([np.zeros(1, dtype=np.int32), np.cumsum(lengths, dtype=np.int32)])
 
 
+def source_fingerprint(module_source: str, methods=REPLACED_METHODS) -> str:
+    """A short hash of the named methods' source text in a module's source (the ast, so
+    the same on any machine whatever the line numbers around them)."""
+    tree = ast.parse(module_source)
+    wanted, parts = set(methods), []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and (node.name, item.name) in wanted:
+                    parts.append(f"{node.name}.{item.name}\n{ast.get_source_segment(module_source, item)}")
+    if len(parts) != len(wanted):
+        return "missing"
+    return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()[:16]
+
+
+def decide(vllm_version: str, fingerprint: str, packs_natively: bool) -> str | None:
+    """Why the patch must not be applied, or None when it should be. Pure: tested as such."""
+    if vllm_version not in VERIFIED:
+        verified = ", ".join(sorted(VERIFIED))
+        why = (f"it packs Pixtral encoder attention itself ({UPSTREAM_FIX})" if packs_natively
+               else "it runs as shipped")
+        return f"not applied: vLLM {vllm_version} (the patch is verified on vLLM {verified} only; {why})"
+    if fingerprint != VERIFIED[vllm_version]:
+        return (f"not applied: this vLLM {vllm_version}'s Pixtral encoder code is not the code the patch was "
+                f"written against (fingerprint {fingerprint}, expected {VERIFIED[vllm_version]}); it runs as shipped")
+    return None
+
+
 def apply() -> str:
-    """Patch vLLM's Pixtral encoder if it needs it; returns what was done (also logged)."""
+    """Patch vLLM's Pixtral encoder where proven; returns what was done (also logged)."""
     global _applied
     if _applied is not None:
         return _applied
@@ -62,18 +102,42 @@ def apply() -> str:
         _log(_applied)
         return _applied
     try:
+        import vllm
         from vllm.model_executor.models import pixtral
     except ImportError as exc:  # vLLM missing or broken: let vLLM itself report it
         _applied = f"not applied: cannot import vLLM's Pixtral module ({exc})"
         _log(_applied)
         return _applied
-    if hasattr(pixtral, "MMEncoderAttention"):
-        _applied = f"not needed: this vLLM already packs Pixtral encoder attention ({UPSTREAM_FIX})"
+    with open(pixtral.__file__, encoding="utf-8") as source:
+        fingerprint = source_fingerprint(source.read())
+    reason = decide(vllm.__version__, fingerprint, hasattr(pixtral, "MMEncoderAttention"))
+    if reason is not None:
+        _applied = reason
     else:
-        _patch_pixtral(pixtral)
-        _applied = f"applied: packed per-image Pixtral encoder attention (backport of {UPSTREAM_FIX})"
+        try:
+            _patch_pixtral(pixtral)
+            _applied = (f"applied: packed per-image Pixtral encoder attention on vLLM {vllm.__version__} "
+                        f"(backport of {UPSTREAM_FIX}; {DISABLE_ENV}=off turns it off)")
+        except Exception as exc:  # nothing was replaced yet (assignments come last): vLLM as shipped
+            _applied = (f"not applied: it failed while patching ({type(exc).__name__}: {exc}); vLLM runs as "
+                        f"shipped. Report it, and set {DISABLE_ENV}=off to skip the attempt")
     _log(_applied)
     return _applied
+
+
+def blame_patch(function):
+    """Errors raised inside patched code name the switch that takes the patch out."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except Exception as exc:
+            exc.add_note(f"Raised inside the LightOnOCR bundle's patch of vLLM's Pixtral encoder "
+                         f"(ocr_bundle/vllm_patches.py): {DISABLE_ENV}=off runs vLLM as shipped.")
+            raise
+
+    return wrapper
 
 
 def _log(what: str) -> None:
@@ -168,8 +232,8 @@ def _patch_pixtral(pixtral) -> None:
             sequence_lengths=MMEncoderAttention.maybe_compute_seq_lens(backend, cu_seqlens, device),
         )
 
-    attention_cls.__init__ = attention_init
-    attention_cls.forward = attention_forward
-    vision_cls.forward = vision_forward
+    attention_cls.__init__ = blame_patch(attention_init)
+    attention_cls.forward = blame_patch(attention_forward)
+    vision_cls.forward = blame_patch(vision_forward)
     # Kept for benchmarks/encoder_check.py, which compares both paths on the GPU.
     vision_cls.dense_mask_forward = original_vision_forward
