@@ -4,6 +4,8 @@
 #   ./start_optimized.sh                      # GPU: lightonai/LightOnOCR-2-1B; no GPU: test checkpoint on CPU
 #   MODEL=/models/LightOnOCR-2-1B HOST=0.0.0.0 VLLM_API_KEY=s3cret UI_AUTH=me:pw ./start_optimized.sh
 #   ./start_optimized.sh --max-num-seqs 64    # extra arguments go to start_vllm_server.py
+#   NODES=2 NODE_RANK=0 HEAD_ADDRESS=10.0.0.1 ./start_optimized.sh   # head of two machines (API + page)
+#   NODES=2 NODE_RANK=1 HEAD_ADDRESS=10.0.0.1 ./start_optimized.sh   # the other: headless engine replicas
 #
 # Configuration (environment; flags for the launcher go after the script name):
 #   MODEL          hub id or checkpoint folder (default: the hub model on a GPU box; without a GPU,
@@ -12,10 +14,15 @@
 #   UI_HOST, UI_PORT  page bind address and port (default $HOST:7860)
 #   VLLM_API_KEY   key the server requires and the page sends (default: none)
 #   UI_AUTH        page login, user:password[,user2:password2] (default: none)
+#   UI             off: start vLLM only, no page (an API-only server; default on)
 #   PYTHON         interpreter with vLLM (default: python3 if it has vLLM; without a GPU the CPU
 #                  environment from scripts/setup_cpu_env.sh, built on first use)
 #   RUN_DIR        PID files and logs (default ./run)
 #   STARTUP_TIMEOUT seconds to wait for vLLM's /health (default 900: first GPU start compiles)
+#   DATA_PARALLEL_SIZE  engine replicas on this machine (default auto: one per visible GPU,
+#                  CUDA_VISIBLE_DEVICES respected; 1 keeps one GPU)
+#   NODES, NODE_RANK, HEAD_ADDRESS  several machines behind the head's one endpoint (vLLM data
+#                  parallelism; node 0 is the head; the others start headless replicas, no page)
 #   MAX_PAGES_IN_FLIGHT, KV_CACHE_DTYPE, GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, ...
 #                  read by start_vllm_server.py (its --help lists them); e.g. MAX_PAGES_IN_FLIGHT=64
 #                  sizes GPU memory for 64 pages at once instead of taking 90% of the card
@@ -35,17 +42,20 @@ PYTHON="${PYTHON:-}"
 STARTUP_TIMEOUT="${STARTUP_TIMEOUT:-900}"
 UI_TIMEOUT="${UI_TIMEOUT:-120}"
 TINY_CHECKPOINT="$ROOT/models/lightonocr-tiny"
+export DATA_PARALLEL_SIZE="${DATA_PARALLEL_SIZE:-auto}" NODES="${NODES:-1}" NODE_RANK="${NODE_RANK:-0}"
+export HEAD_ADDRESS="${HEAD_ADDRESS:-}"
+role=head; [[ "$NODE_RANK" != 0 ]] && role=worker  # a worker runs headless engines only: no API server, no page
+UI="${UI:-on}"
 
 say() { echo "[start] $*"; }
 die() { echo "[start] ERROR: $*" >&2; exit 1; }
 
-command -v curl >/dev/null || die "curl is needed for the readiness checks (apt-get install curl)"
 mkdir -p "$RUN_DIR"
 
 # ---- refuse to start twice
-for service in vllm:"$VLLM_MARKER" ui:"$UI_MARKER"; do
-  if pid=$(service_pid "${service%%:*}" "${service#*:}"); then
-    die "${service%%:*} is already running (PID $pid). Stop it first: ./stop_optimized.sh"
+for service in vllm ui; do
+  if pid=$(service_pid "$service"); then
+    die "$service is already running (PID $pid). Stop it first: ./stop_optimized.sh"
   fi
 done
 
@@ -62,7 +72,10 @@ public_address() {
 }
 port_in_use() { (exec 3<>"/dev/tcp/$(local_address "$1")/$2") 2>/dev/null; }
 
-for check in "$HOST:$PORT:vLLM:PORT" "$UI_HOST:$UI_PORT:page:UI_PORT"; do
+checks=("$HOST:$PORT:vLLM:PORT")
+[[ $UI == off ]] || checks+=("$UI_HOST:$UI_PORT:page:UI_PORT")
+[[ $role == worker ]] && checks=()
+for check in "${checks[@]}"; do
   IFS=: read -r h p what variable <<<"$check"
   if port_in_use "$h" "$p"; then
     die "port $p ($what) is already in use by another program; set $variable to a free port"
@@ -106,7 +119,7 @@ if is_all_interfaces "$HOST" && [[ -z "$VLLM_API_KEY" ]]; then
   echo "this machine can use it. Set VLLM_API_KEY=... (the page sends it automatically)." >&2
   echo "################################################################################" >&2
 fi
-if is_all_interfaces "$UI_HOST" && [[ -z "$UI_AUTH" ]]; then
+if [[ $UI != off ]] && is_all_interfaces "$UI_HOST" && [[ -z "$UI_AUTH" ]]; then
   echo "################################################################################" >&2
   echo "WARNING: the page listens on all interfaces WITHOUT a login. Set UI_AUTH=user:password." >&2
   echo "################################################################################" >&2
@@ -123,8 +136,7 @@ on_exit() {
     done
     for name in ui vllm; do
       if [[ " ${started[*]} " == *" $name "* ]]; then
-        marker=$VLLM_MARKER; [[ $name == ui ]] && marker=$UI_MARKER
-        stop_service "$name" "$marker" >&2 || true
+        stop_service "$name" >&2 || true
       fi
     done
     echo "[start] failed; nothing left running." >&2
@@ -132,49 +144,67 @@ on_exit() {
 }
 trap on_exit EXIT
 
-# wait_ready NAME PID URL SECONDS: until URL answers 200, while the process lives.
+# wait_ready NAME URL SECONDS [CODES]: until URL answers (default 200), while the service lives.
 wait_ready() {
-  local name=$1 pid=$2 url=$3 deadline=$((SECONDS + $4))
-  until curl -fsS -o /dev/null -m 2 "$url" 2>/dev/null; do
-    kill -0 "$pid" 2>/dev/null || die "$name exited during start-up"
-    (( SECONDS < deadline )) || die "$name did not answer $url within $4 s"
-    sleep 1
-  done
+  processes wait-ready "$2" --pid-file "$(pid_file "$1")" --timeout "$3" --accept "${4:-200}" --name "$1" >/dev/null \
+    || die "$1 is not ready (see above)"
 }
 
-launch() {  # launch NAME COMMAND...: own process group, log, PID file
+launch() {  # launch NAME COMMAND...: own process group, log, PID file with start time
   local name=$1; shift
   setsid "$@" >"$RUN_DIR/$name.log" 2>&1 </dev/null &
-  echo $! >"$(pid_file "$name")"
   started+=("$name")
+  processes record "$(pid_file "$name")" $! || die "$name exited at once"
 }
 
 export VLLM_API_KEY  # the launcher and the page read it from the environment, never argv
+if [[ $role == worker ]]; then
+  [[ -n "$HEAD_ADDRESS" ]] || die "NODE_RANK=$NODE_RANK needs HEAD_ADDRESS (the head node's private address)"
+  say "starting headless vLLM engines (node $NODE_RANK of $NODES, joining $HEAD_ADDRESS); log: $RUN_DIR/vllm.log"
+  launch vllm "$PYTHON" "$ROOT/start_vllm_server.py" --model "$MODEL" "$@"
+  # The head serves once every node's replicas have joined: its /health is this node's readiness too.
+  wait_ready vllm "http://$HEAD_ADDRESS:$PORT/health" "$STARTUP_TIMEOUT"
+  say "node $NODE_RANK joined: the head at http://$HEAD_ADDRESS:$PORT serves with its replicas (PID $(service_pid vllm))"
+  grep -m1 "WARNING: the data-parallel RPC port" "$RUN_DIR/vllm.log" >&2 || true
+  echo "  Logs: $RUN_DIR/vllm.log    Stop: ./stop_optimized.sh (on this node)"
+  exit 0
+fi
 say "starting vLLM ($MODEL) on $HOST:$PORT; log: $RUN_DIR/vllm.log"
 launch vllm "$PYTHON" "$ROOT/start_vllm_server.py" --model "$MODEL" --host "$HOST" --port "$PORT" "$@"
-vllm_pid=$(<"$(pid_file vllm)")
-wait_ready vLLM "$vllm_pid" "http://$(local_address "$HOST"):$PORT/health" "$STARTUP_TIMEOUT"
-say "vLLM is ready (PID $vllm_pid)"
+(( NODES > 1 )) && say "waiting for the replicas of all $NODES nodes to join (start the others with NODE_RANK=1..)"
+wait_ready vllm "http://$(local_address "$HOST"):$PORT/health" "$STARTUP_TIMEOUT"
+say "vLLM is ready (PID $(service_pid vllm)); $(grep -m1 -oE 'serving on [0-9]+ GPUs?: [a-z ]+[0-9]*|node 0 of [0-9]+.*' "$RUN_DIR/vllm.log" || echo 'one engine')"
+grep -m1 "WARNING: the data-parallel RPC port" "$RUN_DIR/vllm.log" >&2 || true
 
-say "starting the page on $UI_HOST:$UI_PORT; log: $RUN_DIR/ui.log"
-launch ui env VLLM_URL="http://$(local_address "$HOST"):$PORT" UI_HOST="$UI_HOST" UI_PORT="$UI_PORT" \
-  UI_AUTH="$UI_AUTH" "$PYTHON" "$ROOT/app_vllm.py"
-ui_pid=$(<"$(pid_file ui)")
-ui_deadline=$((SECONDS + UI_TIMEOUT))
-# Gradio serves /config once the app is up (also behind a login: then it answers 401, still "up").
-until [[ $(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://$(local_address "$UI_HOST"):$UI_PORT/config" || true) =~ ^(200|401)$ ]]; do
-  kill -0 "$ui_pid" 2>/dev/null || die "the page exited during start-up"
-  (( SECONDS < ui_deadline )) || die "the page did not answer within $UI_TIMEOUT s"
-  sleep 0.5
-done
-say "page is ready (PID $ui_pid)"
+page_line="off (UI=off)"
+if [[ $UI != off ]]; then
+  say "starting the page on $UI_HOST:$UI_PORT; log: $RUN_DIR/ui.log"
+  launch ui env VLLM_URL="http://$(local_address "$HOST"):$PORT" UI_HOST="$UI_HOST" UI_PORT="$UI_PORT" \
+    UI_AUTH="$UI_AUTH" "$PYTHON" "$ROOT/app_vllm.py"
+  # Gradio serves /config once the app is up (also behind a login: then it answers 401, still "up").
+  wait_ready ui "http://$(local_address "$UI_HOST"):$UI_PORT/config" "$UI_TIMEOUT" 200,401
+  say "page is ready (PID $(service_pid ui))"
+  page_line="http://$(public_address "$UI_HOST"):$UI_PORT"
+fi
 
 api="http://$(public_address "$HOST"):$PORT"
+# The name requests must use: the hub id on a GPU box, the folder name for a local checkpoint.
+served_model=$(python3 - "http://$(local_address "$HOST"):$PORT/v1/models" <<'PY' || echo "MODEL-NAME"
+import json, os, sys, urllib.request
+key = os.environ.get("VLLM_API_KEY")
+request = urllib.request.Request(sys.argv[1], headers={"Authorization": f"Bearer {key}"} if key else {})
+print(json.load(urllib.request.urlopen(request, timeout=10))["data"][0]["id"])
+PY
+)
 key_header=""; [[ -n "$VLLM_API_KEY" ]] && key_header=' -H "Authorization: Bearer $VLLM_API_KEY"'
 cat <<MSG
 
-  Page:      http://$(public_address "$UI_HOST"):$UI_PORT
-  vLLM API:  $api/v1   (try: curl$key_header $api/v1/models)
+  Page:      $page_line
+  vLLM API:  $api/v1   (model "$served_model"; try: curl$key_header $api/v1/models)
   Logs:      $RUN_DIR/vllm.log, $RUN_DIR/ui.log
   Stop:      ./stop_optimized.sh
+
+  Read a page through the API (paste into a shell):
+    IMG=\$(base64 -w0 '$ROOT/samples/table_screenshot.png')
+    curl -s $api/v1/chat/completions -H 'Content-Type: application/json'$key_header -d '{"model": "$served_model", "max_tokens": 1024, "temperature": 0.2, "top_p": 0.9, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,'"\$IMG"'"}}]}]}'
 MSG

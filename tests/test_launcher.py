@@ -19,7 +19,8 @@ import start_vllm_server as launcher  # noqa: E402
 def command_for(argv: list[str], device: str = "cuda", env: dict | None = None, monkeypatch=None):
     if monkeypatch is not None:
         for key in ("MODEL", "HOST", "PORT", "VLLM_API_KEY", "MAX_MODEL_LEN", "GPU_MEMORY_UTILIZATION",
-                    "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "MAX_PAGES_IN_FLIGHT", "KV_CACHE_DTYPE"):
+                    "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "MAX_PAGES_IN_FLIGHT", "KV_CACHE_DTYPE",
+                    "DATA_PARALLEL_SIZE", "NODES", "NODE_RANK", "HEAD_ADDRESS"):
             monkeypatch.delenv(key, raising=False)
         for key, value in (env or {}).items():
             monkeypatch.setenv(key, value)
@@ -55,9 +56,11 @@ def test_cpu_backend_sets_its_environment(monkeypatch):
 
 
 def test_scaling_flags_and_passthrough(monkeypatch):
-    command, _ = command_for(["-tp", "2", "--data-parallel-size", "4", "--max-num-seqs", "512",
-                              "--max-num-batched-tokens", "4096", "--enable-prefix-caching",
-                              "--", "--api-server-count", "4", "--enforce-eager"], monkeypatch=monkeypatch)
+    own = ["-tp", "2", "--data-parallel-size", "4", "--max-num-seqs", "512", "--max-num-batched-tokens", "4096",
+           "--enable-prefix-caching"]
+    args = launcher.build_parser().parse_args(own)
+    command, _ = launcher.build_command(args, ["--api-server-count", "4", "--enforce-eager"], "cuda",
+                                        launcher.plan_data_parallel(args, "cuda", gpus=8))
     assert flag(command, "--tensor-parallel-size") == "2" and flag(command, "--data-parallel-size") == "4"
     assert flag(command, "--max-num-seqs") == "512" and flag(command, "--max-num-batched-tokens") == "4096"
     assert "--enable-prefix-caching" in command and "--no-enable-prefix-caching" not in command
@@ -158,3 +161,128 @@ def test_max_pages_in_flight_on_the_cpu_backend_sizes_its_ram_kv_cache(tiny_chec
 def test_default_keeps_the_kv_cache_dtype_and_utilization(monkeypatch):
     command, _ = command_for([], monkeypatch=monkeypatch)
     assert "--kv-cache-dtype" not in command and "--kv-cache-memory-bytes" not in command
+
+
+VLLM_026_PIXTRAL_IMPORTS = """from transformers.models.pixtral.modeling_pixtral import (
+    PixtralRotaryEmbedding,
+    apply_rotary_pos_emb,
+    position_ids_in_meshgrid,
+)
+"""
+# vLLM 0.32 picks the name by the transformers version, and so names both.
+VLLM_032_PIXTRAL_IMPORTS = """if TRANSFORMERS_WITH_AXIAL_ROPE:
+    from transformers.models.pixtral.modeling_pixtral import (
+        PixtralVisionRotaryEmbedding,
+    )
+else:
+    from transformers.models.pixtral.modeling_pixtral import (
+        PixtralRotaryEmbedding as PixtralVisionRotaryEmbedding,
+    )
+"""
+
+
+@pytest.mark.parametrize("vllm, transformers, source, refused", [
+    ("0.26.0", "5.16.1", VLLM_026_PIXTRAL_IMPORTS, None),  # the pinned pair
+    ("0.26.0", "5.17.0", VLLM_026_PIXTRAL_IMPORTS, "pip install transformers==5.16.1"),
+    ("0.26.0", "5.19.0.dev0", VLLM_026_PIXTRAL_IMPORTS, "pip install transformers==5.16.1"),
+    ("0.32.0", "5.19.0", VLLM_032_PIXTRAL_IMPORTS, None),  # handles both names
+    ("0.27.1", "5.16.1", VLLM_026_PIXTRAL_IMPORTS, "makes LightOnOCR loop"),
+])
+def test_known_bad_pairs_are_refused_with_the_fix(vllm, transformers, source, refused):
+    problem = launcher.known_bad_pair(vllm, transformers, source)
+    assert (problem is None) if refused is None else (refused in problem)
+
+
+def test_preflight_reads_the_installed_pair_and_refuses_before_vllm_starts(tmp_path, tiny_checkpoint):
+    """A stand-in vLLM 0.27.1 on the path (the real one cannot be installed beside the CPU
+    build): the launcher refuses it, exit 2, with the fix."""
+    package = tmp_path / "vllm"
+    (package / "model_executor" / "models").mkdir(parents=True)
+    (package / "__init__.py").write_text("__version__ = '0.27.1'\n")
+    (package / "model_executor" / "models" / "pixtral.py").write_text(VLLM_026_PIXTRAL_IMPORTS)
+    (tmp_path / "vllm-0.27.1.dist-info").mkdir()
+    (tmp_path / "vllm-0.27.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.27.1\n")
+    done = run_launcher("--model", str(tiny_checkpoint), "--dry-run", env={"PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "vLLM 0.27.1 makes LightOnOCR loop" in done.stderr and "Traceback" not in done.stderr
+    # The real CPU environment's pair passes.
+    assert run_launcher("--model", str(tiny_checkpoint), "--dry-run").returncode == 0
+
+
+# ------------------------------------------------------------------ scale-out (vLLM data parallelism)
+
+
+@pytest.fixture()
+def two_gpus(tmp_path):
+    """A stand-in `nvidia-smi` listing two H200 (the one test double here: no GPU on this machine)."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-aaaa)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-bbbb)'\n")
+    fake.chmod(0o755)
+    clean = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "DATA_PARALLEL_SIZE", "NODES",
+                                                              "NODE_RANK", "HEAD_ADDRESS")}
+    return {**clean, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+
+
+def dry_run_gpu(env: dict, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, str(ROOT / "start_vllm_server.py"), "--device", "cuda", "--dry-run", *argv],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def vllm_args(done: subprocess.CompletedProcess) -> list[str]:
+    import shlex
+
+    line = next(text for text in done.stdout.splitlines() if "cuda backend:" in text)
+    return shlex.split(line.split("cuda backend: ", 1)[1])
+
+
+def test_every_visible_gpu_by_default(two_gpus):
+    done = dry_run_gpu(two_gpus)
+    assert done.returncode == 0, done.stderr
+    assert "serving on 2 GPUs: data parallel 2" in done.stdout
+    assert flag(vllm_args(done), "--data-parallel-size") == "2"
+    one = dry_run_gpu({**two_gpus, "CUDA_VISIBLE_DEVICES": "1"})  # CUDA_VISIBLE_DEVICES respected
+    assert "serving on 1 GPU: one engine" in one.stdout and "--data-parallel-size" not in vllm_args(one)
+    kept = dry_run_gpu({**two_gpus, "DATA_PARALLEL_SIZE": "1"})
+    assert "--data-parallel-size" not in vllm_args(kept)
+    too_many = dry_run_gpu(two_gpus, "--data-parallel-size", "4")
+    assert too_many.returncode == 2 and "needs 4 GPUs on this node; 2 are visible" in too_many.stderr
+
+
+def test_head_and_headless_worker_map_onto_vllms_data_parallel_flags(two_gpus):
+    head = dry_run_gpu(two_gpus, "--nodes", "2", "--node-rank", "0", "--head-address", "10.0.0.1")
+    assert head.returncode == 0, head.stderr
+    args = vllm_args(head)
+    assert args[args.index("--data-parallel-size"):][:8] == [
+        "--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-address", "10.0.0.1",
+        "--data-parallel-rpc-port", "13345"]
+    assert "--headless" not in args and "node 0 of 2, head (API server + page)" in head.stdout
+    assert "not authenticated: keep it on a private network" in head.stderr
+
+    worker = dry_run_gpu({**two_gpus, "NODES": "2", "NODE_RANK": "1", "HEAD_ADDRESS": "10.0.0.1"})
+    args = vllm_args(worker)
+    assert "--headless" in args and flag(args, "--data-parallel-start-rank") == "2"
+    assert flag(args, "--data-parallel-size") == "4" and flag(args, "--data-parallel-size-local") == "2"
+    assert "headless worker (engines only, no API server)" in worker.stdout
+
+    public = dry_run_gpu(two_gpus, "--nodes", "2", "--head-address", "8.8.8.8")
+    assert "is a PUBLIC address" in public.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nodes", "2"], "needs --head-address"),
+    (["--nodes", "2", "--node-rank", "2", "--head-address", "10.0.0.1"], "--node-rank must be between 0 and 1"),
+    (["--data-parallel-size", "many"], "must be 'auto' or a number"),
+])
+def test_scale_out_mistakes_are_refused_before_vllm_starts(two_gpus, argv, message):
+    done = dry_run_gpu(two_gpus, *argv)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cpu_backend_keeps_one_engine(tiny_checkpoint, monkeypatch):
+    args = launcher.build_parser().parse_args(["--model", str(tiny_checkpoint)])
+    plan = launcher.plan_data_parallel(args, "cpu", gpus=0)
+    assert plan.local == 1 and plan.flags() == []
+    with pytest.raises(launcher.LaunchError, match="needs GPUs"):
+        launcher.plan_data_parallel(launcher.build_parser().parse_args(["--nodes", "2", "--head-address", "h"]),
+                                    "cpu", 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -14,9 +15,10 @@ import requests
 
 from app_vllm import OcrPage
 from conftest import TEST_MAX_MODEL_LEN
-from helpers import PYTHON, ROOT, free_port, process_group_alive
+from helpers import PYTHON, ROOT, free_port
 from ocr_bundle.client import OcrClient, OcrError
 from ocr_bundle.images import prepare_image_bytes
+from ocr_bundle.processes import Service, proc_info, read_pid_file
 from ocr_bundle.samples import sample_path
 
 
@@ -33,8 +35,10 @@ def lifecycle_env(tmp_path: Path, tiny_checkpoint: Path) -> dict[str, str]:
 
 
 def group_members(pgid: int) -> list[str]:
-    done = subprocess.run(["ps", "-o", "pid=,args=", "-g", str(pgid)], capture_output=True, text=True)
-    return [line for line in done.stdout.splitlines() if line.strip()]
+    """Live processes of a group. Zombies are dead: they wait only for their parent (here init,
+    which collects them a moment later) to read their exit status, and hold nothing."""
+    done = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-g", str(pgid)], capture_output=True, text=True)
+    return [line for line in done.stdout.splitlines() if line.strip() and line.split()[1][0] != "Z"]
 
 
 def listening(port: int) -> bool:
@@ -42,6 +46,7 @@ def listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.mark.slow
 def test_start_health_page_stop_cycle(lifecycle_env):
     """Also the security path end to end: API key on vLLM, login on the page."""
     env = {**lifecycle_env, "VLLM_API_KEY": "test-key-123", "UI_AUTH": "alice:wonderland"}
@@ -52,9 +57,19 @@ def test_start_health_page_stop_cycle(lifecycle_env):
         assert f"Page:      http://127.0.0.1:{env['UI_PORT']}" in started.stdout
         assert f"vLLM API:  http://127.0.0.1:{env['PORT']}/v1" in started.stdout
         assert "random text" in started.stdout  # says plainly this is not real OCR
-        vllm_pid = int((run_dir / "vllm.pid").read_text())
-        ui_pid = int((run_dir / "ui.pid").read_text())
+        vllm, ui_service = read_pid_file(run_dir / "vllm.pid"), read_pid_file(run_dir / "ui.pid")
+        vllm_pid, ui_pid = vllm.pid, ui_service.pid
+        # The PID file holds the start time too: what proves later that the PID is still ours.
+        assert vllm.start == proc_info(vllm_pid).start and ui_service.start == proc_info(ui_pid).start
         assert group_members(vllm_pid) and group_members(ui_pid)
+        assert '(model "lightonocr-tiny"' in started.stdout
+
+        # The ready-to-paste API example works as printed (served model name, key header).
+        example = started.stdout[started.stdout.index("Read a page through the API"):].splitlines()[1:3]
+        answer = subprocess.run(["bash", "-c", "\n".join(example)], capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "VLLM_API_KEY": "test-key-123"})
+        reply = json.loads(answer.stdout)
+        assert reply["model"] == "lightonocr-tiny" and reply["choices"][0]["message"]["content"], answer.stdout
         assert requests.get(f"http://127.0.0.1:{env['PORT']}/health", timeout=5).status_code == 200
         page = requests.get(f"http://127.0.0.1:{env['UI_PORT']}/", timeout=10)
         assert page.status_code == 200 and "gradio" in page.text.lower()  # the login page
@@ -99,7 +114,7 @@ def test_start_health_page_stop_cycle(lifecycle_env):
         thread.join(timeout=60)
     assert stopped.returncode == 0, stopped.stderr
     assert "ui: stopped" in stopped.stdout and "vllm: stopped" in stopped.stdout
-    assert not process_group_alive(vllm_pid) and not process_group_alive(ui_pid)
+    assert not vllm.alive() and not ui_service.alive()
     assert not group_members(vllm_pid) and not group_members(ui_pid)
     assert not (run_dir / "vllm.pid").exists() and not (run_dir / "ui.pid").exists()
     assert not listening(int(env["PORT"])) and not listening(int(env["UI_PORT"]))
@@ -131,20 +146,61 @@ def test_port_already_taken_is_refused_before_anything_starts(lifecycle_env):
 
 
 def test_stop_never_touches_a_recycled_pid(lifecycle_env):
-    """A stale PID file naming someone else's process is removed, the process left alone."""
-    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    """A PID file naming a live process whose command line even looks like vLLM's, but that
+    started at another time: the PID was recycled. It is left alone, the file removed."""
+    bystander = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(60)", "vllm.entrypoints.openai.api_server",
+                                  "start_vllm_server.py"], start_new_session=True)
     try:
         run_dir = Path(lifecycle_env["RUN_DIR"])
         run_dir.mkdir(parents=True)
-        (run_dir / "vllm.pid").write_text(str(bystander.pid))
+        wrong_start = proc_info(bystander.pid).start - 1
+        (run_dir / "vllm.pid").write_text(f"{bystander.pid} {wrong_start}\n")
         done = script("stop_optimized.sh", lifecycle_env, timeout=60)
-        assert done.returncode == 0 and "stale PID file" in done.stdout
+        assert done.returncode == 0 and "vllm: not running (removing stale PID file)" in done.stdout
         assert bystander.poll() is None  # still running
+        assert not (run_dir / "vllm.pid").exists()
+        # A PID file of an older bundle (no start time) proves nothing either: left alone, with the how-to.
+        (run_dir / "vllm.pid").write_text(f"{bystander.pid}\n")
+        done = script("stop_optimized.sh", lifecycle_env, timeout=60)
+        assert done.returncode == 0 and "nothing proves" in done.stdout and f"kill -TERM -- -{bystander.pid}" in done.stdout
+        assert bystander.poll() is None
     finally:
         bystander.kill()
 
 
+def test_stop_finds_the_engine_left_behind_by_a_dead_leader(lifecycle_env):
+    """vLLM's API server (the group leader, whose PID was recorded) dies; its engine process
+    lives on, holding the GPU and the port. Stop finds the group's surviving members and
+    stops them; processes outside the group, and older than the leader, are not touched."""
+    run_dir = Path(lifecycle_env["RUN_DIR"])
+    run_dir.mkdir(parents=True)
+    survivor_pid_file = run_dir / "engine.pid"
+    leader = subprocess.Popen(
+        ["bash", "-c", f"{PYTHON} -c 'import time; time.sleep(120)' engine-core & echo $! > {survivor_pid_file}; "
+                       "sleep 0.5; exit 0"], start_new_session=True)
+    recorded = Service.of(leader.pid)
+    (run_dir / "vllm.pid").write_text(f"{recorded.pid} {recorded.start}\n")
+    outsider = subprocess.Popen(["sleep", "60"])  # another process of this session, not of the group
+    try:
+        leader.wait(timeout=10)
+        engine = int(survivor_pid_file.read_text())
+        assert proc_info(engine).pgid == recorded.pid and not recorded.leader_alive()
+        done = script("stop_optimized.sh", lifecycle_env, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"its leader {recorded.pid} is gone but 1 process(es) of its group are not ({engine})" in done.stdout
+        assert "vllm: stopped" in done.stdout
+        assert proc_info(engine) is None or proc_info(engine).state == "Z"
+        assert outsider.poll() is None
+        assert not (run_dir / "vllm.pid").exists()
+    finally:
+        outsider.kill()
+        try:
+            os.kill(int(survivor_pid_file.read_text()), 9)
+        except (ProcessLookupError, ValueError, FileNotFoundError):
+            pass
 
+
+@pytest.mark.slow
 def test_restart_by_the_scripts_while_the_page_is_in_use(lifecycle_env):
     """stop + start again in the same RUN_DIR; a page session opened afterwards (a reload) works.
 
