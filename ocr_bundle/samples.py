@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .inputs import discover
+
 SAMPLES_DIR = Path(__file__).resolve().parents[1] / "samples"
 SAMPLE_NAMES = ("english_a4_document.png", "chinese_mixed_flyer.png", "table_screenshot.png")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".gif", ".pdf")
 
 
 def sample_path(name: str) -> Path:
@@ -18,17 +19,11 @@ def sample_paths() -> list[Path]:
 
 
 def find_images(sources: list[str | Path] | None) -> list[Path]:
-    """Files given, and the image/PDF files inside folders given; the samples when none."""
+    """Files given, the image/PDF files inside folders given (not below), glob matches; the
+    samples when none. Raises FileNotFoundError (inputs.InputNotFound) when there is nothing."""
     if not sources:
         return sample_paths()
-    found: list[Path] = []
-    for source in map(Path, sources):
-        if source.is_dir():
-            found += sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-        elif source.is_file():
-            found.append(source)
-        else:
-            raise FileNotFoundError(f"no such file or folder: {source}")
+    found = [item.path for item in discover(sources, recursive=False)]
     if not found:
         raise FileNotFoundError(f"no image or PDF files in {', '.join(map(str, sources))}")
     return found

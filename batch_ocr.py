@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Convert folders of PDFs and scans into Markdown through the vLLM server: resumable, loop-safe.
+
+    python batch_ocr.py scans/                              # every PDF and image below scans/ → ./ocr-out/
+    python batch_ocr.py report.pdf 'archive/**/*.tif' --out converted/
+    python batch_ocr.py book.pdf --pages 1,3-5,100-         # some pages of a PDF
+    python batch_ocr.py scans/ --concurrency 256            # a dedicated GPU: more pages in flight
+    python batch_ocr.py scans/ --quiet >> convert.log       # log lines instead of a progress bar
+
+Per input document, a folder in --out with pages/0001.md… (one Markdown file per page),
+the assembled <name>.md and manifest.json (per page: status, attempts, finish_reason,
+tokens, latency, image size, error); and run-summary.json for the run. Pages are prepared
+like the page and the stress test do it (200 DPI, longest edge 1540 px, EXIF orientation,
+RGB), in worker processes, while up to --concurrency requests are in flight.
+
+Rerun the same command to resume: pages already done are skipped; a changed file or
+changed settings (model, --max-tokens, --dpi, --encoding) are converted again; --force
+redoes everything. Ctrl-C stops admitting pages, lets pages in flight finish (up to
+--drain-timeout), writes everything and exits 130; a second Ctrl-C exits at once. Nothing
+written is ever half a file, even after a kill.
+
+A reply cut at max_tokens or ending in a loop is retried at a higher temperature
+(0.2, 0.4, 0.6, 0.8 with --max-attempts 4); the best attempt is kept and the page flagged
+in its manifest if none finished cleanly.
+
+Exit status: 0 every page converted; 1 failed pages (or unreadable files) above
+--max-failed-rate, or the server went away; 2 the run cannot start (no server, no inputs,
+output not writable); 130 interrupted. Precedence: flags > environment (VLLM_URL,
+VLLM_API_KEY, VLLM_MODEL) > defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ocr_bundle.batch import BatchConverter, BatchOptions, Document, Progress, scan
+from ocr_bundle.batch_report import run_summary, summary_lines
+from ocr_bundle.client import OcrClient
+from ocr_bundle.files import atomic_write_json
+from ocr_bundle.inputs import InputNotFound, discover, parse_page_ranges
+from ocr_bundle.interrupts import GracefulInterrupt
+from ocr_bundle.manifest import ConversionSettings
+from ocr_bundle.settings import (
+    MAX_OUTPUT_TOKENS,
+    PDF_RENDER_DPI,
+    PAGE_PROMPT_TOKENS,
+    TARGET_LONGEST_EDGE,
+    TEMPERATURE,
+    TOP_P,
+    add_server_arguments,
+)
+
+SUMMARY = "run-summary.json"
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def page_ranges(text: str):
+    try:
+        return parse_page_ranges(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="files, folders (searched recursively) and glob patterns (quote them)")
+    parser.add_argument("--out", type=Path, default=Path("ocr-out"), help="output folder (default ./ocr-out)")
+    add_server_arguments(parser)
+    parser.add_argument("--pages", type=page_ranges, default=None,
+                        help="PDF pages to convert, e.g. 1,3-5,10- (default: all)")
+    parser.add_argument("--concurrency", type=positive_int, default=64,
+                        help="requests in flight (default 64; 256 reaches the saturation of one H200, "
+                             "docs/benchmarks.md)")
+    parser.add_argument("--render-workers", type=positive_int, default=max(1, min(8, (os.cpu_count() or 2) - 1)),
+                        help="processes preparing pages (default: CPU cores - 1, at most 8)")
+    parser.add_argument("--max-tokens", type=positive_int, default=MAX_OUTPUT_TOKENS,
+                        help=f"output tokens per page (default {MAX_OUTPUT_TOKENS}, what the densest pages need)")
+    parser.add_argument("--max-attempts", type=positive_int, default=4,
+                        help="tries per page when a reply is cut at max_tokens or ends in a loop, each 0.2 "
+                             "hotter (default 4)")
+    parser.add_argument("--temperature", type=float, default=TEMPERATURE,
+                        help=f"temperature of the first attempt (default {TEMPERATURE})")
+    parser.add_argument("--dpi", type=positive_int, default=PDF_RENDER_DPI,
+                        help=f"PDF rendering resolution (default {PDF_RENDER_DPI}; the longest edge is capped at "
+                             f"{TARGET_LONGEST_EDGE} px either way)")
+    parser.add_argument("--encoding", choices=("PNG", "JPEG"), default="PNG", help="page encoding sent (default PNG)")
+    parser.add_argument("--max-file-mb", type=float, default=1024,
+                        help="skip files larger than this (default 1024)")
+    parser.add_argument("--force", action="store_true", help="convert every page again, even those already done")
+    parser.add_argument("--redo-flagged", action="store_true",
+                        help="also convert again the pages flagged in earlier runs (cut or looping)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per request (default 600)")
+    parser.add_argument("--server-wait", type=float, default=180.0,
+                        help="how long to wait for a server that stopped answering before ending the run "
+                             "(default 180: a restart on a GPU takes 2-3 minutes)")
+    parser.add_argument("--drain-timeout", type=float, default=60.0,
+                        help="after Ctrl-C, seconds pages in flight may take to finish (default 60)")
+    parser.add_argument("--max-failed-rate", type=float, default=0.0,
+                        help="exit 1 when failed pages and unreadable files exceed this fraction (default 0)")
+    parser.add_argument("--quiet", action="store_true", help="log lines (one per document) instead of a progress bar")
+    return parser
+
+
+# ------------------------------------------------------------------ progress
+
+
+class BarProgress(Progress):
+    """A tqdm bar: pages done/total, pages/s, ETA, failures."""
+
+    def __init__(self, total: int, already_done: int):
+        from tqdm import tqdm
+
+        self._lock = threading.Lock()
+        self.failed = self.flagged = 0
+        self.bar = tqdm(total=total, unit="page", dynamic_ncols=True, smoothing=0.05, file=sys.stderr,
+                        desc="converting", postfix=f"failed=0, flagged=0, done before={already_done}")
+        self.already_done = already_done
+
+    def page(self, status: str) -> None:
+        with self._lock:
+            self.failed += status == "failed"
+            self.flagged += status == "flagged"
+            self.bar.set_postfix_str(f"failed={self.failed}, flagged={self.flagged}, done before={self.already_done}",
+                                     refresh=False)
+            self.bar.update(1)
+
+    def message(self, text: str) -> None:
+        self.bar.write(f"[batch] {text}", file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class LogProgress(Progress):
+    """--quiet: a line per finished document and one a minute, for logs."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.done = 0
+        self.start = time.monotonic()
+        self.last = self.start
+        self._lock = threading.Lock()
+
+    def page(self, status: str) -> None:
+        with self._lock:
+            self.done += 1
+
+    def document(self, document: Document, path: Path) -> None:
+        records = document.output.manifest["pages"]
+        statuses = [records.get(str(page), {}).get("status", "pending") for page in document.pages]
+        counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("ok", "flagged", "failed", "pending")
+                           if statuses.count(s))
+        print(f"[batch] {document.source.relative}: {counts} → {path}", flush=True)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now - self.last >= 60 and self.done:
+            self.last = now
+            rate = self.done / (now - self.start)
+            eta = (self.total - self.done) / rate if rate else float("inf")
+            print(f"[batch] {self.done}/{self.total} pages, {rate:.2f} pages/s, ETA {eta:.0f} s", flush=True)
+
+    def message(self, text: str) -> None:
+        print(f"[batch] {text}", flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------------ run
+
+
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def check_writable(out: Path) -> str | None:
+    """Why the output folder cannot be written, or None."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / ".write-check", {})
+        (out / ".write-check").unlink()
+    except OSError as exc:
+        return f"cannot write to the output folder {out}: {exc.strerror or exc}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    if not 0 <= args.max_failed_rate <= 1:
+        return fail("--max-failed-rate is a fraction between 0 and 1")
+    if (problem := check_writable(args.out)) is not None:
+        return fail(problem)
+    try:
+        inputs = discover(args.inputs, recursive=True)
+    except InputNotFound as exc:
+        return fail(str(exc))
+    if not inputs:
+        return fail(f"no PDF or image files in {', '.join(args.inputs)}")
+    client = OcrClient(args.url, api_key=args.api_key, model=args.model, read_timeout=args.timeout)
+    status = client.status()
+    if not status.reachable:
+        return fail(f"cannot use the vLLM server at {client.base_url}: {status.error}")
+    model = args.model or (status.models[0] if status.models else None)
+    if not model:
+        return fail("the server lists no model; pass --model")
+    client = OcrClient(args.url, api_key=args.api_key, model=model, read_timeout=args.timeout)
+    if status.max_model_len and status.max_model_len < PAGE_PROMPT_TOKENS + args.max_tokens:
+        print(f"warning: the server's max_model_len {status.max_model_len} leaves ~"
+              f"{status.max_model_len - PAGE_PROMPT_TOKENS} output tokens for an A4 page, below --max-tokens "
+              f"{args.max_tokens}: long pages will be cut (and flagged)", file=sys.stderr)
+
+    settings = ConversionSettings(model, args.max_tokens, args.dpi, TARGET_LONGEST_EDGE, args.encoding)
+    options = BatchOptions(concurrency=args.concurrency, render_workers=args.render_workers,
+                           max_attempts=args.max_attempts, temperature=args.temperature, top_p=TOP_P,
+                           max_bytes=int(args.max_file_mb * 1e6), pages=args.pages, force=args.force,
+                           redo_flagged=args.redo_flagged, server_wait_s=args.server_wait,
+                           drain_s=args.drain_timeout)
+    scan_start = time.perf_counter()
+    try:
+        documents = scan(inputs, args.out, settings, options)
+    except KeyboardInterrupt:
+        print("interrupted while reading the inputs; nothing was converted", file=sys.stderr)
+        return 130
+    scan_s = time.perf_counter() - scan_start
+    todo = sum(len(d.todo) for d in documents)
+    in_scope = sum(len(d.pages) for d in documents)
+    unreadable = [d for d in documents if d.error]
+    print(f"{len(documents)} file(s), {in_scope} page(s): {in_scope - todo} done before, {todo} to convert"
+          + (f", {len(unreadable)} unreadable" if unreadable else "")
+          + f" (read in {scan_s:.1f} s); server {client.base_url}, model {model}", file=sys.stderr)
+    for document in documents:
+        if document.note and document.todo:
+            print(f"  {document.source.relative}: {document.note}", file=sys.stderr)
+
+    progress = LogProgress(todo) if args.quiet else BarProgress(todo, in_scope - todo)
+    converter = BatchConverter(client, settings, options, documents, progress)
+
+    def stop_admitting() -> None:
+        progress.message(f"stopping: no new pages; pages in flight get up to {args.drain_timeout:g} s "
+                         "(Ctrl-C again to exit at once)")
+        converter.request_stop()
+
+    try:
+        with GracefulInterrupt(stop_admitting, "every page already written is kept") as interrupt:
+            ended = converter.run(on_wait=getattr(progress, "tick", lambda: None))
+    finally:
+        progress.close()
+
+    summary = run_summary(converter, documents, started_at=started_at, scan_s=scan_s, ended=ended,
+                          server=client.base_url, vllm_version=status.version, args=vars(args))
+    atomic_write_json(args.out / SUMMARY, summary)
+    print("\n".join(summary_lines(summary)), file=sys.stderr)
+    print(f"summary: {args.out / SUMMARY}", file=sys.stderr)
+    if ended == "interrupted":
+        print("interrupted: rerun the same command to convert the rest", file=sys.stderr)
+        return interrupt.exit_code
+    if ended == "server gone":
+        print(f"FAILED: the server stopped answering for {args.server_wait:g} s; everything converted so far is "
+              "kept: rerun the same command once it is back", file=sys.stderr)
+        return 1
+    failed_units = summary["pages"]["failed"] + len(summary["unreadable"])
+    units = summary["pages"]["in_scope"] + len(summary["unreadable"])
+    rate = failed_units / units if units else 0.0
+    if rate > args.max_failed_rate:
+        print(f"FAILED: {failed_units} of {units} pages/files failed ({rate:.1%} > --max-failed-rate "
+              f"{args.max_failed_rate:.1%})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

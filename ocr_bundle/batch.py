@@ -1,0 +1,458 @@
+"""Batch conversion: many documents through one vLLM server, resumable and loop-safe.
+
+The pipeline, bounded whatever the input size:
+
+    scan (hash, page counts, what is already done)
+      → producer: submits pages in order to the render pool (worker processes), holding at
+        most `concurrency + prefetch` prepared pages at a time
+      → `concurrency` sender threads: one page each, request → retries → record
+      → DocumentOutput: page Markdown + manifest, written atomically as each page finishes
+
+Per page: a reply cut at max_tokens (finish_reason "length") or ending in a loop
+(ocr_bundle.repetition) is retried at a higher temperature, up to `max_attempts`; the best
+attempt is kept and the page is flagged if none finished cleanly. Transport errors and
+5xx/429 are retried with backoff; a 4xx fails that page only. When the server stops
+answering, senders wait up to `server_wait_s` for it to come back, then the run ends
+with everything done so far kept. `request_stop()` (Ctrl-C) stops admitting pages, lets
+pages in flight finish for `drain_s`, and ends the run; pages not finished stay pending
+and a rerun picks them up.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import requests
+
+from .client import OcrClient, OcrError, OcrResult, build_chat_request
+from .files import remove_partials
+from .images import InputError, check_size, is_pdf, pdf_page_count
+from .inputs import InputFile, output_folders, pages_in
+from .manifest import DONE, FAILED, FLAGGED, OK, ConversionSettings, DocumentOutput, file_sha256
+from .render_pool import PageJob, RenderedPage, RenderPool, Ticket
+from .repetition import Repetition, repeated_tail
+
+TEMPERATURE_STEP = 0.2
+MAX_TEMPERATURE = 1.0
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    concurrency: int = 64
+    render_workers: int = 2
+    max_attempts: int = 4
+    temperature: float = 0.2
+    top_p: float = 0.9
+    max_bytes: int = 1 << 30
+    pages: list[tuple[int, int | None]] | None = None  # ocr_bundle.inputs.parse_page_ranges
+    force: bool = False
+    redo_flagged: bool = False
+    max_transport_retries: int = 5
+    server_wait_s: float = 180.0
+    drain_s: float = 60.0
+
+    def temperatures(self) -> list[float]:
+        """0.2 → 0.4 → 0.6 → 0.8 for four attempts from LightOn's 0.2."""
+        return [round(min(self.temperature + TEMPERATURE_STEP * i, MAX_TEMPERATURE), 3)
+                for i in range(self.max_attempts)]
+
+
+# ------------------------------------------------------------------ scanning
+
+
+@dataclass
+class Document:
+    """One input file, its output, and the pages this run converts."""
+
+    source: InputFile
+    output: DocumentOutput
+    is_pdf: bool
+    pages: list[int]  # in scope (--pages), in order
+    todo: list[int]  # not done yet
+    error: str | None = None  # why the file cannot be read at all
+    note: str | None = None  # why earlier work was not reused
+    remaining: int = 0  # pages of `todo` not recorded yet in this run
+    touched: bool = False  # a page was recorded in this run
+
+
+def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings,
+         options: BatchOptions) -> list[Document]:
+    """Read what is there to do: content hash, page count, pages already done. Bad files are
+    documents with an error, never exceptions."""
+    folders = output_folders(inputs)
+    documents = []
+    for item in inputs:
+        folder = out_root / folders[item.path]
+        remove_partials(folder)  # what a killed run left half-written
+        try:
+            check_size(item.path.stat().st_size, options.max_bytes)
+            sha256 = file_sha256(item.path)
+        except (InputError, OSError) as exc:
+            output = DocumentOutput.unreadable(folder, item.path, settings, _reason(exc))
+            documents.append(Document(item, output, False, [], [], error=output.manifest["error"]))
+            continue
+        output, note = DocumentOutput.open(folder, item.path, sha256, settings, options.force)
+        with open(item.path, "rb") as handle:
+            pdf = is_pdf(handle.read(1024))
+        error, count = None, 1
+        if pdf:
+            try:
+                count = pdf_page_count(item.path, options.max_bytes)
+            except InputError as exc:
+                error = str(exc)
+        output.describe("pdf" if pdf else "image", None if error else count, error)
+        pages = [] if error else (pages_in(options.pages, count) if pdf else [1])
+        keep = {OK} if options.redo_flagged else set(DONE)
+        done = {int(n) for n, page in output.manifest["pages"].items() if page.get("status") in keep}
+        todo = [page for page in pages if page not in done]
+        documents.append(Document(item, output, pdf, pages, todo, error, note, remaining=len(todo)))
+    return documents
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, InputError):
+        return str(exc)
+    return f"The file cannot be read: {exc.strerror or exc}." if isinstance(exc, OSError) else str(exc)
+
+
+# ------------------------------------------------------------------ one page
+
+
+@dataclass(frozen=True)
+class Attempt:
+    temperature: float
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    latency_s: float
+    repetition: Repetition | None
+
+    @property
+    def clean(self) -> bool:
+        return self.finish_reason == "stop" and self.repetition is None
+
+    def quality(self) -> tuple:
+        """Higher is better: clean, then no loop, then the shortest loop, then finished."""
+        covered = self.repetition.covered_tokens if self.repetition else 0
+        return (self.clean, self.repetition is None, -covered, self.finish_reason == "stop")
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["repetition"] = asdict(self.repetition) if self.repetition else None
+        return out
+
+
+def flag_of(attempt: Attempt, max_tokens: int) -> str | None:
+    """Why a kept attempt is not clean, in words (None when it is)."""
+    if attempt.repetition is not None:
+        unit = attempt.repetition.unit
+        return (f"ends in a loop: {unit[:40] + ('…' if len(unit) > 40 else '')!r} "
+                f"repeated {attempt.repetition.repeats:.0f} times")
+    if attempt.finish_reason == "length":
+        if attempt.completion_tokens is not None and attempt.completion_tokens < max_tokens:
+            return (f"cut at the server's context limit after {attempt.completion_tokens} tokens "
+                    "(restart it with a larger max-model-len)")
+        return f"stopped at max_tokens ({max_tokens}): the page may have more text"
+    if attempt.finish_reason != "stop":
+        return f"finish_reason {attempt.finish_reason!r}"
+    return None
+
+
+def is_transient(error: OcrError) -> bool:
+    """Worth sending again: the network, a timeout, an overloaded or restarting server."""
+    if error.kind in ("connection", "timeout", "bad_response"):
+        return True
+    return error.kind == "http" and (error.status is None or error.status >= 500 or error.status in (408, 429))
+
+
+class PageAbandoned(Exception):
+    """The page is left pending: the run is stopping or the server is gone."""
+
+
+class PageFailed(Exception):
+    """The page cannot be converted (its message says why); the run goes on."""
+
+
+@dataclass
+class PageStats:
+    """What one page cost the client and the server, for the run's summary."""
+
+    render_wall_s: float = 0.0
+    render_cpu_s: float = 0.0
+    render_wait_s: float = 0.0  # how long a sender waited for the page to be prepared
+    send_cpu_s: float = 0.0
+    requests: int = 0
+    latency_s: float = 0.0
+
+
+class ServerWatch:
+    """Shared by the senders: is the server back? One probe per second at most, whoever asks."""
+
+    def __init__(self, client: OcrClient, wait_s: float, stopping: threading.Event):
+        self.client = client
+        self.wait_s = wait_s
+        self.stopping = stopping
+        self.gone = threading.Event()
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self._last_probe = (-1e9, False)
+
+    def _probe(self) -> bool:
+        with self._lock:
+            at, reachable = self._last_probe
+            if time.monotonic() - at >= 1.0:
+                reachable = self.client.status(timeout=2.0).reachable
+                self._last_probe = (time.monotonic(), reachable)
+            if reachable:
+                self._down_since = None
+            elif self._down_since is None:
+                self._down_since = time.monotonic()
+            return reachable
+
+    def wait_until_back(self) -> bool:
+        """True once the server answers; False when it stayed away `wait_s` (then `gone` is set)."""
+        while not self.stopping.is_set() and not self.gone.is_set():
+            if self._probe():
+                return True
+            with self._lock:
+                down_for = time.monotonic() - (self._down_since or time.monotonic())
+            if down_for >= self.wait_s:
+                self.gone.set()
+                break
+            self.stopping.wait(1.0)
+        return False
+
+
+# ------------------------------------------------------------------ the run
+
+
+@dataclass
+class RunCounts:
+    ok: int = 0
+    flagged: int = 0
+    failed: int = 0
+    requests: int = 0
+    stats: list[PageStats] = field(default_factory=list)
+    failures: list[dict] = field(default_factory=list)
+    flags: list[dict] = field(default_factory=list)
+
+
+class Progress:
+    """What the converter reports as it goes; the CLI shows it (tqdm bar or log lines)."""
+
+    def page(self, status: str) -> None: ...
+
+    def document(self, document: Document, path: Path) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+
+class BatchConverter:
+    def __init__(self, client: OcrClient, settings: ConversionSettings, options: BatchOptions,
+                 documents: list[Document], progress: Progress = Progress()):
+        self.client = client
+        self.settings = settings
+        self.options = options
+        self.documents = documents
+        self.progress = progress
+        self.stopping = threading.Event()
+        self.interrupted = False
+        self.watch = ServerWatch(client, options.server_wait_s, self.stopping)
+        self.counts = RunCounts()
+        self._lock = threading.Lock()
+        prefetch = 2 * options.render_workers
+        self._slots = threading.BoundedSemaphore(options.concurrency + prefetch)
+        self._ready: queue.Queue = queue.Queue()
+        self._senders_left = 0
+        self._senders_done = threading.Event()
+        self.convert_s = 0.0  # wall time of the conversion itself (after the scan)
+
+    # ------------------------------------------------------------ control
+    def request_stop(self) -> None:
+        """Stop admitting pages; pages in flight finish (see `run`'s drain)."""
+        self.interrupted = True
+        self.stopping.set()
+
+    def run(self, on_wait: Callable[[], None] = lambda: None) -> str:
+        """Convert every pending page; returns how the run ended: "complete", "interrupted"
+        or "server gone". `on_wait` is called while waiting (the CLI refreshes its display)."""
+        todo = sum(len(d.todo) for d in self.documents)
+        start = time.perf_counter()
+        if todo:
+            with RenderPool(min(self.options.render_workers, todo)) as pool:
+                self._run_pipeline(pool, on_wait)
+        self.convert_s = time.perf_counter() - start
+        for document in self.documents:
+            if document.touched or (document.pages and not document.error
+                                    and not document.output.document_file().exists()):
+                self.progress.document(document, document.output.write_document(document.pages))
+        if self.watch.gone.is_set():
+            return "server gone"
+        return "interrupted" if self.interrupted else "complete"
+
+    def _run_pipeline(self, pool: RenderPool, on_wait: Callable[[], None]) -> None:
+        senders = [threading.Thread(target=self._sender, args=(pool,), name=f"sender-{i}", daemon=True)
+                   for i in range(self.options.concurrency)]
+        self._senders_left = len(senders)
+        producer = threading.Thread(target=self._producer, args=(pool,), name="producer", daemon=True)
+        producer.start()
+        for sender in senders:
+            sender.start()
+        drain_deadline = None
+        while not self._senders_done.wait(0.2):  # a timed wait: Ctrl-C is handled meanwhile
+            on_wait()
+            if self.watch.gone.is_set():
+                self.stopping.set()
+            if self.stopping.is_set() and drain_deadline is None:
+                drain_deadline = time.monotonic() + self.options.drain_s
+            if drain_deadline is not None and time.monotonic() > drain_deadline:
+                self.progress.message(f"{sum(s.is_alive() for s in senders)} page(s) still in flight after "
+                                      f"{self.options.drain_s:g} s: left pending")
+                break  # daemon threads: their pages stay pending, nothing half-written
+        self.stopping.set()  # tells a producer still waiting for a slot to stop
+
+    def _producer(self, pool: RenderPool) -> None:
+        try:
+            for document in self.documents:
+                for page in document.todo:
+                    while not self._slots.acquire(timeout=0.2):
+                        if self.stopping.is_set():
+                            return
+                    if self.stopping.is_set():
+                        self._slots.release()
+                        return
+                    job = PageJob(str(document.source.path), page, document.is_pdf, self.settings.encoding,
+                                  self.settings.dpi, self.settings.longest_edge, self.options.max_bytes)
+                    self._ready.put((document, page, pool.submit(job)))
+        finally:
+            for _ in range(self.options.concurrency):
+                self._ready.put(None)
+
+    def _sender(self, pool: RenderPool) -> None:
+        try:
+            self._send_pages(pool)
+        finally:
+            with self._lock:
+                self._senders_left -= 1
+                if self._senders_left == 0:
+                    self._senders_done.set()
+
+    def _send_pages(self, pool: RenderPool) -> None:
+        session = self.client.new_session()
+        while not self.stopping.is_set():
+            try:
+                item = self._ready.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            document, page, ticket = item
+            try:
+                if not self.stopping.is_set():
+                    self._convert_and_record(document, page, pool, ticket, session)
+            finally:
+                self._slots.release()
+
+    # ------------------------------------------------------------ one page
+    def _convert_and_record(self, document: Document, page: int, pool: RenderPool, ticket: Ticket,
+                            session: requests.Session) -> None:
+        stats = PageStats()
+        waited = time.perf_counter()
+        rendered = pool.result(ticket)
+        stats.render_wait_s = time.perf_counter() - waited
+        stats.render_wall_s, stats.render_cpu_s = rendered.wall_s, rendered.cpu_s
+        cpu = time.thread_time()
+        try:
+            if rendered.error is not None:
+                raise PageFailed(rendered.error)
+            status, record, text = self._convert(rendered, session, stats)
+        except PageFailed as exc:
+            status, record, text = FAILED, {"status": FAILED, "attempts": stats.requests, "error": str(exc),
+                                            "image_size": _size(rendered)}, None
+        except PageAbandoned:
+            return
+        finally:
+            stats.send_cpu_s = time.thread_time() - cpu
+        document.output.record_page(page, record, text)
+        self._count(document, page, status, record, stats)
+
+    def _convert(self, rendered: RenderedPage, session: requests.Session,
+                 stats: PageStats) -> tuple[str, dict, str]:
+        attempts: list[tuple[Attempt, str]] = []
+        for index, temperature in enumerate(self.options.temperatures()):
+            if index and self.stopping.is_set():
+                raise PageAbandoned  # its retries were cut short: redone on the next run
+            body = json.dumps(build_chat_request(self.settings.model, rendered.data_url,
+                                                 max_tokens=self.settings.max_tokens, temperature=temperature,
+                                                 top_p=self.options.top_p, stream=False)).encode()
+            try:
+                result = self._send(body, session, stats)
+            except PageFailed:
+                if not attempts:
+                    raise
+                break  # keep the attempts that did answer
+            attempt = Attempt(temperature, result.finish_reason, result.prompt_tokens, result.completion_tokens,
+                              result.latency_s, repeated_tail(result.text))
+            attempts.append((attempt, result.text))
+            if attempt.clean:
+                break
+        best, text = max(attempts, key=lambda pair: pair[0].quality())
+        flag = flag_of(best, self.settings.max_tokens)
+        record = {
+            "status": FLAGGED if flag else OK, "attempts": len(attempts), "finish_reason": best.finish_reason,
+            "flag": flag, "temperature": best.temperature, "prompt_tokens": best.prompt_tokens,
+            "completion_tokens": best.completion_tokens, "latency_s": round(stats.latency_s, 3),
+            "image_size": _size(rendered), "error": None,
+            "attempt_log": [a.as_dict() for a, _ in attempts] if len(attempts) > 1 or flag else None,
+        }
+        return record["status"], record, text
+
+    def _send(self, body: bytes, session: requests.Session, stats: PageStats) -> OcrResult:
+        """One request, retried through transport errors; PageFailed / PageAbandoned otherwise."""
+        for retry in range(self.options.max_transport_retries + 1):
+            if self.stopping.is_set() and retry:
+                raise PageAbandoned
+            stats.requests += 1
+            try:
+                result = self.client.complete_body(body, self.settings.max_tokens, session=session)
+                stats.latency_s += result.latency_s
+                return result
+            except OcrError as exc:
+                if not is_transient(exc):
+                    raise PageFailed(str(exc)) from exc
+                if retry == self.options.max_transport_retries:
+                    raise PageFailed(f"{exc} (gave up after {retry + 1} tries)") from exc
+                if exc.kind == "connection" and not self.watch.wait_until_back():
+                    raise PageAbandoned from exc
+                if self.stopping.wait(BACKOFF_S[min(retry, len(BACKOFF_S) - 1)]):
+                    raise PageAbandoned from exc
+        raise AssertionError("unreachable")
+
+    def _count(self, document: Document, page: int, status: str, record: dict, stats: PageStats) -> None:
+        with self._lock:
+            setattr(self.counts, status, getattr(self.counts, status) + 1)
+            self.counts.requests += stats.requests
+            self.counts.stats.append(stats)
+            where = {"source": str(document.source.path), "page": page}
+            if status == FAILED:
+                self.counts.failures.append({**where, "error": record["error"]})
+            elif status == FLAGGED:
+                self.counts.flags.append({**where, "flag": record["flag"]})
+            document.touched = True
+            document.remaining -= 1
+            finished = document.remaining == 0
+        self.progress.page(status)
+        if finished:
+            self.progress.document(document, document.output.write_document(document.pages))
+            document.touched = False  # written: no need to assemble it again at the end
+
+
+def _size(rendered: RenderedPage) -> list[int] | None:
+    return [rendered.width, rendered.height] if rendered.data_url else None

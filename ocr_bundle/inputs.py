@@ -1,0 +1,124 @@
+"""What the user asked to convert: files, folders and glob patterns → input files; page ranges.
+
+Shared by the stress test (image folders) and the batch converter (folders of PDFs and
+scans). Inside folders only files with a page suffix are taken (PDFs and every image type
+the page accepts); a file named explicitly is taken whatever its name, and its content
+decides what it is.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+
+PAGE_SUFFIXES = (".pdf", ".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".gif")
+_GLOB_CHARS = set("*?[")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: Path
+    relative: PurePath  # where it sits under what the user named: the output mirrors it
+
+
+class InputNotFound(FileNotFoundError):
+    pass
+
+
+def _is_glob(text: str) -> bool:
+    return bool(_GLOB_CHARS & set(text))
+
+
+def _glob_base(pattern: str) -> Path:
+    """The folder part of a pattern before its first wildcard: matches are named relative to it."""
+    base = []
+    for part in Path(pattern).parts:
+        if _is_glob(part):
+            break
+        base.append(part)
+    return Path(*base) if base else Path(".")
+
+
+def _folder_files(folder: Path, recursive: bool) -> list[Path]:
+    if not recursive:
+        return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PAGE_SUFFIXES)
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # no .git, .cache, ...
+        found += [Path(root) / f for f in sorted(files) if Path(f).suffix.lower() in PAGE_SUFFIXES]
+    return found
+
+
+def discover(sources: list[str | Path], recursive: bool = True) -> list[InputFile]:
+    """Input files in the order given (folders sorted), each once. Raises InputNotFound for a
+    path that does not exist or a pattern that matches nothing."""
+    found: dict[Path, InputFile] = {}
+    for source in map(str, sources):
+        path = Path(source)
+        if path.is_dir():
+            items = [InputFile(p, p.relative_to(path)) for p in _folder_files(path, recursive)]
+        elif path.is_file():
+            items = [InputFile(path, PurePath(path.name))]
+        elif _is_glob(source):
+            base = _glob_base(source)
+            matches = sorted(Path(m) for m in glob.glob(source, recursive=True))
+            items = [InputFile(m, m.relative_to(base)) for m in matches
+                     if m.is_file() and m.suffix.lower() in PAGE_SUFFIXES]
+            if not items:
+                raise InputNotFound(f"no image or PDF file matches {source}")
+        else:
+            raise InputNotFound(f"no such file or folder: {source}")
+        for item in items:
+            found.setdefault(item.path.resolve(), item)
+    return list(found.values())
+
+
+def parse_page_ranges(text: str) -> list[tuple[int, int | None]]:
+    """'1,3-5,10-' → [(1, 1), (3, 5), (10, None)] (1-based, inclusive; None: to the end)."""
+    ranges = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        first, dash, last = item.partition("-")
+        try:
+            start = int(first)
+            end = (int(last) if last.strip() else None) if dash else start
+        except ValueError:
+            raise ValueError(f"not a page or range: {item!r} (use e.g. 1,3-5,10-)") from None
+        if start < 1 or (end is not None and end < start):
+            raise ValueError(f"not a page or range: {item!r} (pages count from 1)")
+        ranges.append((start, end))
+    if not ranges:
+        raise ValueError("no page given")
+    return ranges
+
+
+def pages_in(ranges: list[tuple[int, int | None]] | None, page_count: int) -> list[int]:
+    """The pages of a document of `page_count` pages that the ranges select (all if None)."""
+    if ranges is None:
+        return list(range(1, page_count + 1))
+    chosen = set()
+    for start, end in ranges:
+        chosen.update(range(start, min(end or page_count, page_count) + 1))
+    return sorted(chosen)
+
+
+def output_folders(inputs: list[InputFile]) -> dict[Path, PurePath]:
+    """Each input's output folder, relative to the output root: its relative path without the
+    suffix (scans/a.pdf → scans/a), or with it where two inputs would share a folder
+    (a.pdf and a.png → a.pdf and a.png), numbered if even that is shared (two files both
+    named x.pdf, given from two folders → x.pdf and x.pdf~2). Deterministic for a given
+    list of inputs."""
+    plain = [(item, item.relative.with_suffix("")) for item in inputs]
+    counts = Counter(folder for _, folder in plain)
+    folders: dict[Path, PurePath] = {}
+    used: Counter = Counter()
+    for item, folder in plain:
+        if counts[folder] > 1:
+            folder = item.relative
+        used[folder] += 1
+        folders[item.path] = folder if used[folder] == 1 else folder.with_name(f"{folder.name}~{used[folder]}")
+    return folders
