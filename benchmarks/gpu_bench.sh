@@ -5,7 +5,11 @@
 #   bash benchmarks/gpu_bench.sh stress NAME [stress args]  # stress_test.py on the A4 sample, 1,000 tokens forced
 #   bash benchmarks/gpu_bench.sh encoder                    # packed vs dense-mask encoder attention (parity, speed)
 #   bash benchmarks/gpu_bench.sh hf                         # plain transformers baseline (batch 1)
+#   bash benchmarks/gpu_bench.sh batch NAME [batch args]    # batch_ocr.py on a generated 300-page A4 PDF
+#   bash benchmarks/gpu_bench.sh kill-worker-during NAME [stress args]  # SIGKILL the worker node mid-run
 #   bash benchmarks/gpu_bench.sh stop
+# SERVER_PID_FILE / WORKER_PID_FILE point at a server started otherwise (benchmarks/two_nodes.sh starts
+# the head and the worker with start_optimized.sh).
 # State that must outlive one call (server PID, reports) lives in $STATE; results go to $OUT.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,27 +17,42 @@ STATE=${STATE:-/root/bench}
 MODEL_DIR=${MODEL_DIR:-/root/models/lightonocr-full}
 OUT=${OUT:-$STATE/out}
 PORT=${PORT:-8000}
+SERVER_PID_FILE=${SERVER_PID_FILE:-$STATE/server.pid}
+WORKER_PID_FILE=${WORKER_PID_FILE:-$STATE/worker.pid}
 export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0
 mkdir -p "$STATE" "$OUT"
 cd "$ROOT"
 
-healthy() { python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" 2>/dev/null; }
-
-stop_server() {
-  [[ -f $STATE/server.pid ]] || return 0
-  local pid; pid=$(<"$STATE/server.pid")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" || true
-    for _ in $(seq 150); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL -- "-$pid" 2>/dev/null || true
-  fi
-  rm -f "$STATE/server.pid"
+# Process control and readiness: the bundle's one implementation (ocr_bundle/processes.py).
+processes() { python3 "$ROOT/ocr_bundle/processes.py" "$@"; }
+stop_server() { processes stop "$SERVER_PID_FILE" --name vllm --grace 30; }
+running() { python3 - "$PORT" <<'PY'
+import sys, urllib.request
+from ocr_bundle.pollers import parse_prometheus
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+print(int(parse_prometheus(text).get("vllm:num_requests_running", 0)))
+PY
+}
+# stress_run NAME ARGS...: stress_test.py on the A4 sample, 1,000 tokens forced, with the server's CPU by role.
+stress_run() {
+  local name=$1; shift
+  python3 benchmarks/server_cpu.py snapshot "$SERVER_PID_FILE" "$STATE/$name-cpu-before.json"
+  python3 stress_test.py --url "http://127.0.0.1:$PORT" --images samples/english_a4_document.png \
+    --ignore-eos --max-tokens 1000 --out "$STATE/reports/$name" --label "$name" "$@" || true
+  python3 benchmarks/server_cpu.py snapshot "$SERVER_PID_FILE" "$STATE/$name-cpu-after.json"
+  pages=$(python3 -c "import json,sys; print(sum(l['ok'] for l in json.load(open(sys.argv[1]))['levels']))" \
+          "$STATE/reports/$name/results.json" 2>/dev/null || echo 0)
+  python3 benchmarks/server_cpu.py diff "$STATE/$name-cpu-before.json" "$STATE/$name-cpu-after.json" \
+    --pages "$pages" >"$STATE/reports/$name/server-cpu.json" || true
+  cp -r "$STATE/reports/$name" "$OUT/"
 }
 
 case "${1:?phase}" in
   setup)
     [[ -d /root/site/vllm ]] || bash /root/gpu/install.sh
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site /root/gpu/extra/*.whl
+    if compgen -G "/root/gpu/extra/*.whl" >/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site /root/gpu/extra/*.whl
+    fi
     if [[ ! -f $MODEL_DIR/config.json ]]; then
       start=$SECONDS
       python3 scripts/make_checkpoint.py --preset full --out "$MODEL_DIR" 2>&1 | grep -E "wrote|Error" | tee "$OUT/checkpoint.txt"
@@ -41,31 +60,25 @@ case "${1:?phase}" in
     fi
     du -sh "$MODEL_DIR" | tee -a "$OUT/checkpoint.txt"
     nvidia-smi | tee "$OUT/nvidia-smi.txt"
-    python3 -c "import vllm, transformers, torch, pynvml, matplotlib; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)" | tee "$OUT/versions.txt"
+    python3 -c "import vllm, transformers, torch, pynvml, matplotlib, prometheus_client, tqdm, pypdfium2; import importlib.metadata as md; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, 'pypdfium2', md.version('pypdfium2'))" | tee "$OUT/versions.txt"
     ;;
   serve)
     name=${2:?name}; shift 2
     stop_server
     setsid python3 start_vllm_server.py --model "$MODEL_DIR" --served-model-name lightonocr --port "$PORT" "$@" \
       >"$STATE/$name-server.log" 2>&1 </dev/null &
-    echo $! >"$STATE/server.pid"
-    start=$SECONDS
-    until healthy; do
-      if ! kill -0 "$(<"$STATE/server.pid")" 2>/dev/null; then
-        tail -n 60 "$STATE/$name-server.log"; cp "$STATE/$name-server.log" "$OUT/"; exit 1
-      fi
-      (( SECONDS - start < 540 )) || { tail -n 30 "$STATE/$name-server.log"; exit 1; }
-      sleep 1
-    done
-    echo "server $name ready after $((SECONDS - start)) s" | tee "$OUT/$name-ready.txt"
+    processes record "$SERVER_PID_FILE" $!
+    if ! processes wait-ready "http://127.0.0.1:$PORT/health" --pid-file "$SERVER_PID_FILE" --timeout 540 \
+         --name "server $name" | tee "$OUT/$name-ready.txt"; then
+      tail -n 60 "$STATE/$name-server.log"; cp "$STATE/$name-server.log" "$OUT/"; stop_server; exit 1
+    fi
     grep -E "start_vllm_server|LightOnOCR bundle patch|MMEncoderAttention|Asynchronous scheduling|KV cache|Maximum concurrency|model weights took|graph capturing|torch.compile takes|cudagraph_mode" \
       "$STATE/$name-server.log" | awk '!seen[$0]++' | tail -n 24 | tee -a "$OUT/$name-ready.txt"
     ;;
   stress)
     name=${2:?name}; shift 2
-    python3 stress_test.py --url "http://127.0.0.1:$PORT" --images samples/english_a4_document.png \
-      --ignore-eos --max-tokens 1000 --out "$STATE/reports/$name" --label "$name" "$@" || true
-    cp -r "$STATE/reports/$name" "$OUT/"
+    stress_run "$name" "$@"
+    cat "$OUT/$name/server-cpu.json" || true
     # vLLM's own throughput log lines (prompt vs generation tokens/s) tell what limited each level.
     server_log=$(ls -t "$STATE"/*-server.log | head -n 1)
     grep -E "throughput|OutOfMemory|Error" "$server_log" | tail -n 80 >"$OUT/$name-engine.txt" || true
@@ -80,6 +93,33 @@ case "${1:?phase}" in
     stop_server
     python3 benchmarks/transformers_baseline.py --model "$MODEL_DIR" --image samples/english_a4_document.png \
       --pages "${2:-3}" --max-new-tokens 1000 --out "$OUT/hf-baseline.json"
+    ;;
+  batch)
+    name=${2:?name}; shift 2
+    pdf=$STATE/a4-300.pdf
+    [[ -f $pdf ]] || python3 scripts/make_pdf.py --pages 300 --out "$pdf"
+    rm -rf "$STATE/batch-$name"
+    python3 batch_ocr.py "$pdf" --url "http://127.0.0.1:$PORT" --out "$STATE/batch-$name" \
+      --max-tokens 1000 --max-attempts 1 --quiet "$@" >"$OUT/batch-$name.txt" 2>&1 || true
+    cp "$STATE/batch-$name/run-summary.json" "$OUT/batch-$name-summary.json" || true
+    grep -E "pages:|time:|client:" "$OUT/batch-$name.txt"
+    ;;
+  kill-worker-during)
+    name=${2:?name}; shift 2
+    stress_run "$name" "$@" &
+    stress=$!
+    # The fault: once the load is on (both replicas busy), the worker node dies outright.
+    until (( $(running) >= 64 )); do sleep 0.5; done
+    sleep 10
+    worker=$(cut -d' ' -f1 "$WORKER_PID_FILE")
+    echo "killing worker process group $worker at $(date +%T) with $(running) requests running"
+    kill -KILL -- "-$worker"
+    wait "$stress" || true
+    { echo "head /health after the kill: $(python3 -c "import sys, urllib.request
+try: print(urllib.request.urlopen(sys.argv[1], timeout=5).status)
+except Exception as exc: print('no answer:', exc)" "http://127.0.0.1:$PORT/health")"
+      echo "head alive: $(processes running "$SERVER_PID_FILE" || echo no)"; } | tee "$OUT/$name-after-kill.txt"
+    tail -n 40 "$(dirname "$SERVER_PID_FILE")/vllm.log" >"$OUT/$name-head-log-tail.txt" 2>/dev/null || true
     ;;
   stop)
     stop_server

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""CPU time of a vLLM server's processes, by role, over a stretch of load.
+
+    python3 benchmarks/server_cpu.py snapshot /root/bench/server.pid before.json
+    ... load ...
+    python3 benchmarks/server_cpu.py snapshot /root/bench/server.pid after.json
+    python3 benchmarks/server_cpu.py diff before.json after.json --pages 768
+
+vLLM names its processes (setproctitle): the API servers, the engine cores (one per data
+parallel replica), the DP coordinator. Their CPU seconds per page say which one would
+saturate first as the page rate grows: an API server is one Python process, so one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ocr_bundle.processes import all_processes, read_pid_file  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def role_of(pid: int) -> str:
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return "?"
+    return title.split()[0] if title.startswith("VLLM") else Path(title).name or "?"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+def snapshot(pid_file: Path) -> dict[str, dict]:
+    service = read_pid_file(pid_file)
+    out = {}
+    for info in all_processes():
+        if service and info.pgid == service.pid:
+            try:
+                out[str(info.pid)] = {"role": role_of(info.pid), "cpu_s": cpu_seconds(info.pid)}
+            except OSError:
+                continue
+    return out
+
+
+def diff(before: dict, after: dict, pages: int) -> dict[str, dict]:
+    by_role: dict[str, dict] = defaultdict(lambda: {"processes": 0, "cpu_s": 0.0})
+    for pid, now in after.items():
+        spent = now["cpu_s"] - before.get(pid, {}).get("cpu_s", 0.0)
+        by_role[now["role"]]["processes"] += 1
+        by_role[now["role"]]["cpu_s"] += spent
+    for role in by_role.values():
+        role["cpu_ms_per_page"] = round(1000 * role["cpu_s"] / pages, 2) if pages else None
+        role["cpu_s"] = round(role["cpu_s"], 2)
+    return dict(sorted(by_role.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    snap = commands.add_parser("snapshot", help="CPU seconds of every process of the server's group")
+    snap.add_argument("pid_file", type=Path)
+    snap.add_argument("out", type=Path)
+    change = commands.add_parser("diff", help="CPU spent between two snapshots, by role, per page")
+    change.add_argument("before", type=Path)
+    change.add_argument("after", type=Path)
+    change.add_argument("--pages", type=int, required=True)
+    args = parser.parse_args()
+    if args.command == "snapshot":
+        args.out.write_text(json.dumps(snapshot(args.pid_file)))
+    else:
+        result = diff(json.loads(args.before.read_text()), json.loads(args.after.read_text()), args.pages)
+        print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
