@@ -25,11 +25,9 @@ import importlib.util
 import json
 import math
 import os
-import shlex
-import shutil
-import subprocess
-import sys
 import re
+import shlex
+import sys
 from pathlib import Path
 
 from ocr_bundle.scaleout import (
@@ -243,15 +241,6 @@ def installed_vllm_flavour() -> str | None:
         return "cuda"
 
 
-def gpu_visible() -> bool:
-    if shutil.which("nvidia-smi") is None:
-        return False
-    try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def resolve_device(requested: str, flavour: str | None) -> str:
     if flavour is None:
         raise LaunchError(
@@ -354,10 +343,12 @@ def main(argv: list[str] | None = None) -> int:
             device = args.device if args.device != "auto" else ("cpu" if flavour == "cpu" else "cuda")
         else:
             device = resolve_device(args.device, flavour)
-        if device == "cuda" and not args.dry_run and not gpu_visible():
-            raise LaunchError("no NVIDIA GPU is visible (nvidia-smi -L failed). Without a GPU, install vLLM's "
-                              "CPU build with scripts/setup_cpu_env.sh and run this script with that venv's python.")
-        plan = plan_data_parallel(args, device, visible_gpu_count(os.environ) if device == "cuda" else 0)
+        gpus = visible_gpu_count(os.environ) if device == "cuda" else 0
+        if device == "cuda" and not args.dry_run and gpus == 0:
+            raise LaunchError("no NVIDIA GPU is visible (nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES hides "
+                              "them all). Without a GPU, install vLLM's CPU build with scripts/setup_cpu_env.sh and "
+                              "run this script with that venv's python.")
+        plan = plan_data_parallel(args, device, gpus)
     except (LaunchError, ScaleOutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
