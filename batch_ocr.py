@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with GracefulInterrupt(stop_admitting, "every page already written is kept") as interrupt:
-            ended = converter.run(on_wait=getattr(progress, "tick", lambda: None))
+            ended = converter.run()
     finally:
         progress.close()
 

@@ -24,7 +24,6 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -109,8 +108,7 @@ def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings,
                 error = str(exc)
         output.describe("pdf" if pdf else "image", None if error else count, error)
         pages = [] if error else (pages_in(options.pages, count) if pdf else [1])
-        keep = {OK} if options.redo_flagged else set(DONE)
-        done = {int(n) for n, page in output.manifest["pages"].items() if page.get("status") in keep}
+        done = output.done_pages((OK,) if options.redo_flagged else DONE)
         todo = [page for page in pages if page not in done]
         documents.append(Document(item, output, pdf, pages, todo, error, note, remaining=len(todo)))
     return documents
@@ -253,6 +251,9 @@ class Progress:
 
     def message(self, text: str) -> None: ...
 
+    def tick(self) -> None:
+        """Called about five times a second while pages are converted."""
+
 
 class BatchConverter:
     def __init__(self, client: OcrClient, settings: ConversionSettings, options: BatchOptions,
@@ -280,14 +281,14 @@ class BatchConverter:
         self.interrupted = True
         self.stopping.set()
 
-    def run(self, on_wait: Callable[[], None] = lambda: None) -> str:
+    def run(self) -> str:
         """Convert every pending page; returns how the run ended: "complete", "interrupted"
-        or "server gone". `on_wait` is called while waiting (the CLI refreshes its display)."""
+        or "server gone"."""
         todo = sum(len(d.todo) for d in self.documents)
         start = time.perf_counter()
         if todo:
             with RenderPool(min(self.options.render_workers, todo)) as pool:
-                self._run_pipeline(pool, on_wait)
+                self._run_pipeline(pool)
         self.convert_s = time.perf_counter() - start
         for document in self.documents:
             if document.touched or (document.pages and not document.error
@@ -297,7 +298,7 @@ class BatchConverter:
             return "server gone"
         return "interrupted" if self.interrupted else "complete"
 
-    def _run_pipeline(self, pool: RenderPool, on_wait: Callable[[], None]) -> None:
+    def _run_pipeline(self, pool: RenderPool) -> None:
         senders = [threading.Thread(target=self._sender, args=(pool,), name=f"sender-{i}", daemon=True)
                    for i in range(self.options.concurrency)]
         self._senders_left = len(senders)
@@ -307,7 +308,7 @@ class BatchConverter:
             sender.start()
         drain_deadline = None
         while not self._senders_done.wait(0.2):  # a timed wait: Ctrl-C is handled meanwhile
-            on_wait()
+            self.progress.tick()
             if self.watch.gone.is_set():
                 self.stopping.set()
             if self.stopping.is_set() and drain_deadline is None:

@@ -109,8 +109,9 @@ class DocumentOutput:
     def name(self) -> str:
         return Path(self.manifest["source"]).stem
 
-    def done_pages(self) -> set[int]:
-        return {int(n) for n, page in self.manifest["pages"].items() if page.get("status") in DONE}
+    def done_pages(self, statuses: tuple[str, ...] = DONE) -> set[int]:
+        """Pages recorded with one of `statuses` (by default: done, flagged included)."""
+        return {int(n) for n, page in self.manifest["pages"].items() if page.get("status") in statuses}
 
     def page_file(self, page: int) -> Path:
         width = max(4, len(str(self.manifest.get("page_count") or 0)))

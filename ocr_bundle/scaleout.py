@@ -19,7 +19,6 @@ Standard library only (the launcher imports it before it knows which Python has 
 from __future__ import annotations
 
 import ipaddress
-import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,8 +35,6 @@ def visible_gpu_count(environ: Mapping[str, str], run: Callable = subprocess.run
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([device for device in visible.split(",") if device.strip() and device.strip() != "-1"])
-    if shutil.which("nvidia-smi") is None and run is subprocess.run:
-        return 0
     try:
         listed = run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):

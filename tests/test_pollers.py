@@ -127,8 +127,10 @@ def test_only_the_devices_in_use_are_measured():
     assert probe() == {"gpu_used_mib": 3000.0, "gpu1_used_mib": 1000.0, "gpu2_used_mib": 2000.0}
     assert devices_in_use("0, 3") == (0, 3)  # --gpus wins over the environment
     assert devices_in_use(environ={}) is None and devices_in_use(environ={"CUDA_VISIBLE_DEVICES": "GPU-3f2a"}) is None
-    missing, info = open_gpu_probe(nvml=FakeNvml(), smi_run=lambda *a, **k: (_ for _ in ()).throw(OSError("x")),
-                                   devices=[5])
+    def no_smi(*args, **kwargs):
+        raise OSError("nvidia-smi: not installed")
+
+    missing, info = open_gpu_probe(nvml=FakeNvml(), smi_run=no_smi, devices=[5])
     assert missing is None and "no GPU 5" in info.reason
 
 
