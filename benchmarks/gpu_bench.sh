@@ -7,9 +7,13 @@
 #   bash benchmarks/gpu_bench.sh hf                         # plain transformers baseline (batch 1)
 #   bash benchmarks/gpu_bench.sh batch NAME [batch args]    # batch_ocr.py on a generated 300-page A4 PDF
 #   bash benchmarks/gpu_bench.sh kill-worker-during NAME [stress args]  # SIGKILL the worker node mid-run
+#   bash benchmarks/gpu_bench.sh profile NAME [tokens]       # vLLM's torch profiler over one request
 #   bash benchmarks/gpu_bench.sh stop
 # SERVER_PID_FILE / WORKER_PID_FILE point at a server started otherwise (benchmarks/two_nodes.sh starts
-# the head and the worker with start_optimized.sh).
+# the head and the worker with start_optimized.sh). Two one-GPU servers side by side (one
+# configuration per GPU, started together, measured one after the other):
+#   CUDA_VISIBLE_DEVICES=1 PORT=8001 SERVER_PID_FILE=/root/bench/server1.pid bash benchmarks/gpu_bench.sh ...
+# `profile` needs a server started with PROFILE_DIR set (serve adds vLLM's --profiler-config).
 # State that must outlive one call (server PID, reports) lives in $STATE; results go to $OUT.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +22,7 @@ MODEL_DIR=${MODEL_DIR:-/root/models/lightonocr-full}
 OUT=${OUT:-$STATE/out}
 PORT=${PORT:-8000}
 SERVER_PID_FILE=${SERVER_PID_FILE:-$STATE/server.pid}
+SERVER_LOG_NOTE=$SERVER_PID_FILE.log   # which log belongs to the server of SERVER_PID_FILE
 WORKER_PID_FILE=${WORKER_PID_FILE:-$STATE/worker.pid}
 export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0
 mkdir -p "$STATE" "$OUT"
@@ -65,9 +70,16 @@ case "${1:?phase}" in
   serve)
     name=${2:?name}; shift 2
     stop_server
+    extra=()
+    if [[ -n ${PROFILE_DIR:-} ]]; then
+      mkdir -p "$PROFILE_DIR"
+      extra=(--profiler-config "{\"profiler\": \"torch\", \"torch_profiler_dir\": \"$PROFILE_DIR\", \"torch_profiler_with_stack\": false}")
+      [[ " $* " == *" -- "* ]] || extra=(-- "${extra[@]}")   # vLLM's own flags follow the launcher's --
+    fi
     setsid python3 start_vllm_server.py --model "$MODEL_DIR" --served-model-name lightonocr --port "$PORT" "$@" \
-      >"$STATE/$name-server.log" 2>&1 </dev/null &
+      "${extra[@]}" >"$STATE/$name-server.log" 2>&1 </dev/null &
     processes record "$SERVER_PID_FILE" $!
+    echo "$STATE/$name-server.log" >"$SERVER_LOG_NOTE"
     if ! processes wait-ready "http://127.0.0.1:$PORT/health" --pid-file "$SERVER_PID_FILE" --timeout 540 \
          --name "server $name" | tee "$OUT/$name-ready.txt"; then
       tail -n 60 "$STATE/$name-server.log"; cp "$STATE/$name-server.log" "$OUT/"; stop_server; exit 1
@@ -80,7 +92,7 @@ case "${1:?phase}" in
     stress_run "$name" "$@"
     cat "$OUT/$name/server-cpu.json" || true
     # vLLM's own throughput log lines (prompt vs generation tokens/s) tell what limited each level.
-    server_log=$(ls -t "$STATE"/*-server.log | head -n 1)
+    server_log=$(cat "$SERVER_LOG_NOTE")
     grep -E "throughput|OutOfMemory|Error" "$server_log" | tail -n 80 >"$OUT/$name-engine.txt" || true
     tail -n 3 "$OUT/$name-engine.txt"
     ;;
@@ -120,6 +132,21 @@ try: print(urllib.request.urlopen(sys.argv[1], timeout=5).status)
 except Exception as exc: print('no answer:', exc)" "http://127.0.0.1:$PORT/health")"
       echo "head alive: $(processes running "$SERVER_PID_FILE" || echo no)"; } | tee "$OUT/$name-after-kill.txt"
     tail -n 40 "$(dirname "$SERVER_PID_FILE")/vllm.log" >"$OUT/$name-head-log-tail.txt" 2>/dev/null || true
+    ;;
+  profile)
+    # One request under vLLM's torch profiler: where the time of a lone page goes (GPU kernels
+    # against the wall clock). The table is sorted by self CUDA time.
+    name=${2:?name}; tokens=${3:-200}
+    post() { python3 -c "import sys, urllib.request; urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=b'', method='POST'), timeout=600).read()" "http://127.0.0.1:$PORT/$1"; }
+    post start_profile
+    python3 stress_test.py --url "http://127.0.0.1:$PORT" --images samples/english_a4_document.png \
+      --ignore-eos --max-tokens "$tokens" --concurrency 1 --requests 1 --out "$STATE/reports/$name" \
+      --label "$name" --warmup 0 >"$OUT/$name-request.txt" 2>&1 || true
+    post stop_profile
+    cp "${PROFILE_DIR:?the PROFILE_DIR the server was started with}"/profiler_out_0.txt "$OUT/$name-profile.txt" \
+      || ls -la "$PROFILE_DIR"
+    grep -E "pages/s|latency|TTFT" "$OUT/$name-request.txt" | head -n 5
+    head -n 30 "$OUT/$name-profile.txt" || true
     ;;
   stop)
     stop_server
