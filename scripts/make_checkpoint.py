@@ -96,9 +96,12 @@ def special_token_ids(vocab_size: int) -> dict[str, int]:
     return {token: base + offset for token, offset in SPECIAL_TOKEN_OFFSETS.items()}
 
 
-def build_config_dict(preset: Preset) -> dict:
-    """config.json as the published checkpoint has it (Mistral3 wrapper, qwen3 + pixtral)."""
-    ids = special_token_ids(preset.vocab_size)
+def build_config_dict(preset: Preset, ids: dict[str, int] | None = None) -> dict:
+    """config.json as the published checkpoint has it (Mistral3 wrapper, qwen3 + pixtral).
+
+    `ids`: the special tokens' ids (default: Qwen's places at the end of the vocabulary).
+    """
+    ids = ids or special_token_ids(preset.vocab_size)
     text_config = {
         "model_type": "qwen3",
         "vocab_size": preset.vocab_size,
@@ -239,6 +242,21 @@ def parameter_count(preset_name: str) -> int:
         return count_parameters(LightOnOcrForConditionalGeneration(build_hf_config(PRESETS[preset_name])))
 
 
+def save_checkpoint(model, out: Path, config_dict: dict, processor) -> None:
+    """Weights, config.json in the published layout, generation settings, processor files."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    # Replace transformers' config with the published layout (model_type "mistral3" etc.).
+    (out / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps({
+        "bos_token_id": config_dict["text_config"]["bos_token_id"],
+        "eos_token_id": config_dict["text_config"]["eos_token_id"],
+        "pad_token_id": config_dict["text_config"]["pad_token_id"],
+        "temperature": 0.2, "top_p": 0.9, "do_sample": True,
+    }, indent=2) + "\n")
+    processor.save_pretrained(out)
+
+
 def write_checkpoint(preset_name: str, out: Path, seed: int = 0) -> int:
     """Write the checkpoint to `out`; returns the parameter count."""
     import torch
@@ -251,17 +269,7 @@ def write_checkpoint(preset_name: str, out: Path, seed: int = 0) -> int:
     model.eval()
     n_params = count_parameters(model)
 
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    # Replace transformers' config with the published layout (model_type "mistral3" etc.).
-    (out / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
-    (out / "generation_config.json").write_text(json.dumps({
-        "bos_token_id": config_dict["text_config"]["bos_token_id"],
-        "eos_token_id": config_dict["text_config"]["eos_token_id"],
-        "pad_token_id": config_dict["text_config"]["pad_token_id"],
-        "temperature": 0.2, "top_p": 0.9, "do_sample": True,
-    }, indent=2) + "\n")
-    build_processor(build_tokenizer(preset.vocab_size)).save_pretrained(out)
+    save_checkpoint(model, out, config_dict, build_processor(build_tokenizer(preset.vocab_size)))
     # The marker the launcher and start_optimized.sh look for to say "random text ahead".
     (out / RANDOM_WEIGHTS_MARKER).write_text(json.dumps({"preset": preset_name, "seed": seed,
                                                           "parameters": n_params}) + "\n")

@@ -29,8 +29,16 @@ def jpeg_of(image: Image.Image, quality: int = 90) -> bytes:
 
 def image_pdf(pages: int, jpeg: bytes, page_size: tuple[float, float] = A4_POINTS, label: bool = True) -> bytes:
     """A PDF of `pages` pages, each filled with the JPEG and labelled "page N" at the bottom."""
-    width_px, height_px = Image.open(io.BytesIO(jpeg)).size
-    width, height = page_size
+    return pictures_pdf([jpeg], pages, page_size, label)
+
+
+def pictures_pdf(jpegs: list[bytes], pages: int | None = None, page_size: tuple[float, float] | None = None,
+                 label: bool = False, dpi: float = 200.0) -> bytes:
+    """A PDF whose page N shows jpegs[N - 1] (or the one JPEG on every page when there is one).
+
+    page_size None: each page is its picture's size at `dpi`, so a renderer at that DPI gives
+    the picture back pixel for pixel (the text pages of the reader's tests)."""
+    pages = pages or len(jpegs)
     objects: list[bytes] = []  # object i+1
 
     def add(body: bytes) -> int:
@@ -40,11 +48,16 @@ def image_pdf(pages: int, jpeg: bytes, page_size: tuple[float, float] = A4_POINT
     catalog = add(b"")  # filled in once the page tree exists
     tree = add(b"")
     font = add(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
-    picture = add(b"<< /Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace /DeviceRGB "
-                  b"/BitsPerComponent 8 /Filter /DCTDecode /Length %d >>\nstream\n" % (width_px, height_px, len(jpeg))
-                  + jpeg + b"\nendstream")
+    pictures = []
+    for jpeg in jpegs:
+        width_px, height_px = Image.open(io.BytesIO(jpeg)).size
+        pictures.append((add(b"<< /Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace /DeviceRGB "
+                             b"/BitsPerComponent 8 /Filter /DCTDecode /Length %d >>\nstream\n"
+                             % (width_px, height_px, len(jpeg)) + jpeg + b"\nendstream"), width_px, height_px))
     kids = []
     for number in range(1, pages + 1):
+        picture, width_px, height_px = pictures[(number - 1) % len(pictures)]
+        width, height = page_size or (width_px * 72 / dpi, height_px * 72 / dpi)
         text = b"BT /F1 %d Tf 12 8 Td (page %d) Tj ET" % (max(6, int(height / 40)), number) if label else b""
         content = b"q %.2f 0 0 %.2f 0 0 cm /Im0 Do Q\n%s" % (width, height, text)
         stream = add(b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream")

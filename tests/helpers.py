@@ -17,6 +17,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+READER_CHECKPOINT = ROOT / "tests" / "fixtures" / "lightonocr-reader"  # scripts/train_reader.py wrote it
 
 from ocr_bundle.pollers import parse_prometheus  # noqa: E402
 from ocr_bundle.processes import NotReady, Service, stop, wait_ready  # noqa: E402
