@@ -3,7 +3,6 @@ tests that know which words must come out, where random weights proved nothing."
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ from app_vllm import PAGE_SEPARATOR, OcrPage
 from helpers import PYTHON, READER_CHECKPOINT, ROOT, server_requests
 from ocr_bundle.client import OcrClient
 from ocr_bundle.images import prepare_image_bytes
+from test_images import encode
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_checkpoint  # noqa: E402
@@ -27,12 +27,6 @@ from make_pdf import jpeg_of, pictures_pdf  # noqa: E402
 
 CER_TARGET = 0.02
 LINE = "paid 1234.50 EUR"  # one line every test reads (16 characters at most); the held-out set has its own
-
-
-def png(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def tokenizer():
@@ -71,7 +65,7 @@ def test_held_out_lines_read_through_vllm_within_the_cer_target(reader_server):
     lines = train_reader.held_out_lines(60)
 
     def read(text: str):
-        return client.ocr(prepare_image_bytes(png(train_reader.render_line(text))).data_url, max_tokens=64)
+        return client.ocr(prepare_image_bytes(encode(train_reader.render_line(text))).data_url, max_tokens=64)
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(read, lines))
@@ -86,10 +80,10 @@ def test_the_page_reads_an_uploaded_line_whatever_its_encoding(reader_server, tm
     exif = Image.Exif()
     exif[0x0112] = 6  # stored turned a quarter left; viewers (and the bundle) turn it back
     variants = {
-        "upright.png": png(upright),
-        "exif-rotated.jpg": _encode(upright.rotate(90, expand=True), "JPEG", quality=95, exif=exif),
-        "cmyk.tif": _encode(upright.convert("CMYK"), "TIFF"),
-        "sixteen-bit.png": png(Image.fromarray(np.asarray(upright.convert("L"), dtype=np.uint16) * 257)),
+        "upright.png": encode(upright),
+        "exif-rotated.jpg": encode(upright.rotate(90, expand=True), "JPEG", quality=95, exif=exif),
+        "cmyk.tif": encode(upright.convert("CMYK"), "TIFF"),
+        "sixteen-bit.png": encode(Image.fromarray(np.asarray(upright.convert("L"), dtype=np.uint16) * 257)),
     }
     page = OcrPage(OcrClient(reader_server.url))
     shown = {}
@@ -118,7 +112,7 @@ def test_the_batch_converter_puts_the_right_text_on_the_right_page_in_order(read
     inputs.mkdir()
     (inputs / "seven pages.pdf").write_bytes(
         pictures_pdf([jpeg_of(train_reader.render_line(f"page {n}"), 95) for n in range(1, 8)]))
-    (inputs / "line.png").write_bytes(png(train_reader.render_line(LINE)))
+    (inputs / "line.png").write_bytes(encode(train_reader.render_line(LINE)))
     out = tmp_path / "out"
     done = batch(reader_server.url, str(inputs), "--out", str(out), "--max-tokens", "64", "--temperature", "0",
                  "--concurrency", "4", "--quiet")
@@ -136,7 +130,7 @@ def test_the_batch_converter_puts_the_right_text_on_the_right_page_in_order(read
 
 def test_a_max_tokens_cut_takes_the_retry_path_with_the_real_text(reader_server, tmp_path: Path):
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "line.png").write_bytes(png(train_reader.render_line(LINE)))
+    (tmp_path / "in" / "line.png").write_bytes(encode(train_reader.render_line(LINE)))
     out = tmp_path / "out"
     before = server_requests(reader_server.url)
     cut = batch(reader_server.url, str(tmp_path / "in"), "--out", str(out), "--max-tokens", "3",
@@ -162,7 +156,7 @@ def test_a_max_tokens_cut_takes_the_retry_path_with_the_real_text(reader_server,
 def test_the_stress_test_counts_the_tokens_of_the_text_that_came_out(reader_server, tmp_path: Path):
     texts = {"short.png": "page 2", "line.png": LINE, "date.png": "due 15/03/2024"}
     for name, text in texts.items():
-        (tmp_path / name).write_bytes(png(train_reader.render_line(text)))
+        (tmp_path / name).write_bytes(encode(train_reader.render_line(text)))
     out = tmp_path / "report"
     done = subprocess.run([PYTHON, str(ROOT / "stress_test.py"), "--url", reader_server.url,
                            "--images", *(str(tmp_path / n) for n in texts), "--concurrency", "1,3",
@@ -179,8 +173,3 @@ def test_the_stress_test_counts_the_tokens_of_the_text_that_came_out(reader_serv
     mean = sum(expected[Path(r["image"]).name] for r in report["requests"]) / 12
     assert all(level["mean_output_tokens"] == pytest.approx(mean) for level in report["levels"])
 
-
-def _encode(image: Image.Image, fmt: str, **kwargs) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
