@@ -154,8 +154,7 @@ def build_config_dict(preset: Preset, ids: dict[str, int] | None = None) -> dict
 
 def build_tokenizer(vocab_size: int):
     """A word-level tokenizer covering every id the model can sample (random weights)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     ids = special_token_ids(vocab_size)
     words = ["user", "assistant", "system", "\n"]
@@ -175,18 +174,27 @@ def build_tokenizer(vocab_size: int):
         [pre_tokenizers.Split(pattern="\n", behavior="isolated"), pre_tokenizers.WhitespaceSplit()]
     )
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ids])
+    return fast_tokenizer(backend, unk_token="<|endoftext|>")
+
+
+def fast_tokenizer(backend, **extra):
+    """transformers' tokenizer around a `tokenizers` backend, with the special tokens the chat
+    template and the Pixtral processor use (added to the backend here)."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKEN_OFFSETS])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        unk_token="<|endoftext|>",
         extra_special_tokens={
             "image_token": IMAGE_TOKEN,
             "image_break_token": IMAGE_BREAK_TOKEN,
             "image_end_token": IMAGE_END_TOKEN,
         },
         model_max_length=PRESETS["full"].max_position_embeddings,
+        **extra,
     )
 
 
@@ -221,9 +229,13 @@ def count_parameters(model) -> int:
 
 def build_hf_config(preset: Preset):
     """transformers' LightOnOcrConfig for the preset (used to build the weights)."""
+    return hf_config_from(build_config_dict(preset))
+
+
+def hf_config_from(config_dict: dict):
+    """transformers' LightOnOcrConfig for a config.json in the published layout."""
     from transformers import LightOnOcrConfig
 
-    config_dict = build_config_dict(preset)
     return LightOnOcrConfig(
         text_config=dict(config_dict["text_config"]),
         vision_config=dict(config_dict["vision_config"]),

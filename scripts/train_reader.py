@@ -60,7 +60,6 @@ WORDS = (
     "Paris London Berlin Madrid Rome Lyon Oslo Tokyo Monday Friday OCR PDF USA EUR USD Ltd Inc"
 ).split()
 PUNCTUATION = ".,:;-'()!?/&%#+="
-CHARSET = string.ascii_letters + string.digits + PUNCTUATION + " "
 FONT_SIZES = (15, 17, 19, 21)
 # Every line is drawn on the same canvas, one character per 28-px cell: 28 px is what one image
 # token covers (14-px patches, merged 2 x 2), so output token j reads image token j. A model
@@ -134,8 +133,7 @@ def render_line(text: str, rng: random.Random | None = None, font_size: int = 19
 def build_tokenizer(rng_seed: int, vocab_size: int = 256 + len(SPECIAL_TOKENS)):
     """A byte-level BPE learned from synthetic lines; special tokens take ids 0..6. At its default
     size it has no merges: one token per character, as the reader's one cell per character wants."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     rng = random.Random(rng_seed)
     corpus = [random_line(rng) for _ in range(20000)] + ["user", "assistant", "system"]
@@ -145,28 +143,14 @@ def build_tokenizer(rng_seed: int, vocab_size: int = 256 + len(SPECIAL_TOKENS)):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     backend.train_from_iterator(corpus, trainer)
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        extra_special_tokens={"image_token": generator.IMAGE_TOKEN,
-                              "image_break_token": generator.IMAGE_BREAK_TOKEN,
-                              "image_end_token": generator.IMAGE_END_TOKEN},
-        model_max_length=generator.PRESETS["full"].max_position_embeddings,
-    )
+    return generator.fast_tokenizer(backend)
 
 
 def reader_config(tokenizer) -> tuple[dict, object]:
     """config.json (the published layout) and transformers' config, with the tokenizer's ids."""
-    from transformers import LightOnOcrConfig
-
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
-    preset = replace(READER, vocab_size=len(tokenizer))
-    config_dict = generator.build_config_dict(preset, ids)
-    hf_config = LightOnOcrConfig(text_config=dict(config_dict["text_config"]),
-                                 vision_config=dict(config_dict["vision_config"]),
-                                 image_token_id=config_dict["image_token_id"],
-                                 spatial_merge_size=config_dict["spatial_merge_size"], tie_word_embeddings=True)
-    return config_dict, hf_config
+    config_dict = generator.build_config_dict(replace(READER, vocab_size=len(tokenizer)), ids)
+    return config_dict, generator.hf_config_from(config_dict)
 
 
 def encode(processor, image: Image.Image, text: str | None):
