@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_bench.sh setup                      # install staged vLLM + extras, make the full checkpoint
 #   bash benchmarks/gpu_bench.sh serve NAME [launcher args] # (re)start vLLM through start_vllm_server.py
 #   bash benchmarks/gpu_bench.sh stress NAME [stress args]  # stress_test.py on the A4 sample, 1,000 tokens forced
-#   bash benchmarks/gpu_bench.sh encoder                    # packed vs dense-mask encoder attention (parity, speed)
+#   bash benchmarks/gpu_bench.sh encoder [--compile]        # packed vs dense-mask encoder attention (parity, speed)
+#   bash benchmarks/gpu_bench.sh sampler                    # vLLM's top-p sampler vs FlashInfer's (builds its kernels)
 #   bash benchmarks/gpu_bench.sh hf                         # plain transformers baseline (batch 1)
 #   bash benchmarks/gpu_bench.sh batch NAME [batch args]    # batch_ocr.py on a generated 300-page A4 PDF
 #   bash benchmarks/gpu_bench.sh kill-worker-during NAME [stress args]  # SIGKILL the worker node mid-run
@@ -14,6 +15,8 @@
 # configuration per GPU, started together, measured one after the other):
 #   CUDA_VISIBLE_DEVICES=1 PORT=8001 SERVER_PID_FILE=/root/bench/server1.pid bash benchmarks/gpu_bench.sh ...
 # `profile` needs a server started with PROFILE_DIR set (serve adds vLLM's --profiler-config).
+# FLASHINFER=1 serves with FlashInfer's sampler, from /root/site-flashinfer (staged by
+# benchmarks/stage_flashinfer.sh); without it FlashInfer is not importable at all.
 # State that must outlive one call (server PID, reports) lives in $STATE; results go to $OUT.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,7 +27,14 @@ PORT=${PORT:-8000}
 SERVER_PID_FILE=${SERVER_PID_FILE:-$STATE/server.pid}
 SERVER_LOG_NOTE=$SERVER_PID_FILE.log   # which log belongs to the server of SERVER_PID_FILE
 WORKER_PID_FILE=${WORKER_PID_FILE:-$STATE/worker.pid}
-export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0
+FLASHINFER_SITE=/root/site-flashinfer
+if [[ ${FLASHINFER:-0} == 1 ]]; then
+  # Its just-in-time builds call `ninja` and the image's nvcc.
+  export PYTHONPATH=/root/site:$FLASHINFER_SITE VLLM_USE_FLASHINFER_SAMPLER=1 PATH=$FLASHINFER_SITE/bin:$PATH
+  [[ -n ${CUDA_HOME:-} || ! -d /usr/local/cuda ]] || export CUDA_HOME=/usr/local/cuda
+else
+  export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0
+fi
 mkdir -p "$STATE" "$OUT"
 cd "$ROOT"
 
@@ -57,6 +67,9 @@ case "${1:?phase}" in
     [[ -d /root/site/vllm ]] || bash /root/gpu/install.sh
     if compgen -G "/root/gpu/extra/*.whl" >/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site /root/gpu/extra/*.whl
+    fi
+    if compgen -G "/root/gpu/flashinfer/*.whl" >/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target "$FLASHINFER_SITE" /root/gpu/flashinfer/*.whl
     fi
     if [[ ! -f $MODEL_DIR/config.json ]]; then
       start=$SECONDS
@@ -97,9 +110,14 @@ case "${1:?phase}" in
     tail -n 3 "$OUT/$name-engine.txt"
     ;;
   encoder)
+    shift
     stop_server
-    python3 benchmarks/encoder_check.py --model "$MODEL_DIR" --out "$OUT/encoder-check.json" 2>&1 \
+    python3 benchmarks/encoder_check.py --model "$MODEL_DIR" --out "$OUT/encoder-check.json" "$@" 2>&1 \
       | grep -vE "^\s*$" | tail -n 30
+    ;;
+  sampler)
+    [[ ${FLASHINFER:-0} == 1 ]] || { echo "sampler: run with FLASHINFER=1" >&2; exit 2; }
+    python3 benchmarks/sampler_check.py --out "$OUT/sampler-check.json" 2>&1 | grep -vE "^\s*$" | tail -n 30
     ;;
   hf)
     stop_server
