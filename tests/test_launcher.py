@@ -20,7 +20,7 @@ def command_for(argv: list[str], device: str = "cuda", env: dict | None = None, 
     if monkeypatch is not None:
         for key in ("MODEL", "HOST", "PORT", "VLLM_API_KEY", "MAX_MODEL_LEN", "GPU_MEMORY_UTILIZATION",
                     "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "MAX_PAGES_IN_FLIGHT", "KV_CACHE_DTYPE",
-                    "DATA_PARALLEL_SIZE", "NODES", "NODE_RANK", "HEAD_ADDRESS"):
+                    "DATA_PARALLEL_SIZE", "NODES", "NODE_RANK", "HEAD_ADDRESS", "VLLM_USE_FLASHINFER_SAMPLER"):
             monkeypatch.delenv(key, raising=False)
         for key, value in (env or {}).items():
             monkeypatch.setenv(key, value)
@@ -45,7 +45,17 @@ def test_defaults_on_gpu(monkeypatch):
     assert flag(command, "--mm-processor-cache-gb") == "0"
     assert "--no-enable-prefix-caching" in command
     assert flag(command, "--gpu-memory-utilization") == "0.9"
-    assert set(env) == {"PYTHONPATH"} and env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+    # The sampler that measured faster on an H200 (docs/benchmarks.md, fifth session).
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert set(env) == {"PYTHONPATH", "VLLM_USE_FLASHINFER_SAMPLER"}
+
+
+def test_flashinfer_sampler_is_left_to_whoever_sets_it_and_off_the_cpu(monkeypatch):
+    _, env = command_for([], env={"VLLM_USE_FLASHINFER_SAMPLER": "1"}, monkeypatch=monkeypatch)
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in env  # the user's 1 reaches vLLM through os.environ
+    _, env = command_for([], device="cpu", monkeypatch=monkeypatch)
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in env
 
 
 def test_cpu_backend_sets_its_environment(monkeypatch):
