@@ -11,7 +11,7 @@ Environment variables: MODEL, SERVED_MODEL_NAME, HOST, PORT, VLLM_API_KEY,
 GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS,
 MAX_PAGES_IN_FLIGHT, KV_CACHE_DTYPE, VLLM_DEVICE (auto|cuda|cpu), VLLM_CPU_KVCACHE_SPACE.
 On GPUs it passes VLLM_USE_FLASHINFER_SAMPLER=0 to vLLM unless that is set already (why:
-FLASHINFER_SAMPLER_OFF below).
+in build_command).
 
 The recommended flags (LightOn's recipe): one image per prompt, no multimodal processor
 cache (every page is new), no prefix caching (prompts share nothing but the chat
@@ -270,13 +270,6 @@ def plan_data_parallel(args: argparse.Namespace, device: str, gpus: int) -> Data
     return DataParallelPlan(local, args.nodes, args.node_rank, args.head_address, args.data_parallel_rpc_port)
 
 
-# vLLM 0.26 samples top-p with FlashInfer's kernel whenever FlashInfer is installed, and
-# `pip install vllm==0.26.0` installs it. On an H200 that made a lone page 10% slower (3.18 vs
-# 2.88 s per 1,000 tokens, same GPU, one server after the other), no measurable gain under load;
-# its kernels are also built with nvcc on first use (129 s). docs/benchmarks.md, fifth session.
-FLASHINFER_SAMPLER_OFF = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
-
-
 def build_command(args: argparse.Namespace, passthrough: list[str], device: str,
                   plan: DataParallelPlan | None = None) -> tuple[list[str], dict[str, str]]:
     """The vLLM argument list and the extra environment; pure, so it can be tested."""
@@ -305,8 +298,13 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str,
     ]
     # ocr_bundle must import from wherever the launcher is started.
     env: dict[str, str] = {"PYTHONPATH": os.pathsep.join(filter(None, [str(BUNDLE_ROOT), os.environ.get("PYTHONPATH")]))}
-    if device == "cuda":
-        env.update({k: v for k, v in FLASHINFER_SAMPLER_OFF.items() if k not in os.environ})
+    if device == "cuda" and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
+        # vLLM 0.26 samples top-p with FlashInfer whenever it is installed, and `pip install
+        # vllm==0.26.0` installs it. On an H200 that made a lone page 10% slower (3.18 vs 2.88 s
+        # per 1,000 tokens, same GPU, one server after the other) with no measurable gain under
+        # load, and its kernels are built with nvcc on first use (129 s). docs/benchmarks.md,
+        # fifth session. A value the user set reaches vLLM untouched.
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     kv_bytes = None
     if args.max_pages_in_flight:
         kv_bytes = kv_cache_bytes_for(args.max_pages_in_flight, args.max_model_len,

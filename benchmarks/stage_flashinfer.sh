@@ -12,6 +12,8 @@
 # flashinfer` and vLLM's FlashInfer backend import without them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The GPU image's platform, as ../shared/gpu/prepare.sh gives it to pip (that script stages
+# into its own parts and cannot be sourced).
 PLAT="--only-binary=:all: --python-version 3.12 --implementation cp"
 for p in manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 \
          manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
