@@ -15,8 +15,11 @@
 # configuration per GPU, started together, measured one after the other):
 #   CUDA_VISIBLE_DEVICES=1 PORT=8001 SERVER_PID_FILE=/root/bench/server1.pid bash benchmarks/gpu_bench.sh ...
 # `profile` needs a server started with PROFILE_DIR set (serve adds vLLM's --profiler-config).
-# FLASHINFER=1 serves with FlashInfer's sampler, from /root/site-flashinfer (staged by
-# benchmarks/stage_flashinfer.sh); without it FlashInfer is not importable at all.
+# FLASHINFER=1 makes FlashInfer importable, from /root/site-flashinfer (staged by
+# benchmarks/stage_flashinfer.sh), and serves with its sampler unless FLASHINFER_SAMPLER=0;
+# without it FlashInfer is not importable at all. Its attention is a vLLM flag:
+#   FLASHINFER=1 FLASHINFER_SAMPLER=0 bash benchmarks/gpu_bench.sh serve NAME -- --attention-backend FLASHINFER
+# READY_TIMEOUT (seconds, default 540) bounds serve's wait for /health.
 # State that must outlive one call (server PID, reports) lives in $STATE; results go to $OUT.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,7 +33,15 @@ WORKER_PID_FILE=${WORKER_PID_FILE:-$STATE/worker.pid}
 FLASHINFER_SITE=/root/site-flashinfer
 if [[ ${FLASHINFER:-0} == 1 ]]; then
   # Its just-in-time builds call `ninja` and the image's nvcc.
-  export PYTHONPATH=/root/site:$FLASHINFER_SITE VLLM_USE_FLASHINFER_SAMPLER=1 PATH=$FLASHINFER_SITE/bin:$PATH
+  export PYTHONPATH=/root/site:$FLASHINFER_SITE VLLM_USE_FLASHINFER_SAMPLER=${FLASHINFER_SAMPLER:-1} \
+    PATH=$FLASHINFER_SITE/bin:$PATH
+  # vLLM 0.26 picks FlashInfer's XQA decode kernel on an H200 only if NVIDIA's cubin server
+  # answers or flashinfer-cubin is installed (`has_nvidia_artifactory`), yet on SM90 XQA is
+  # built just in time from FlashInfer's own sources (flashinfer/jit/xqa.py): no cubin is
+  # downloaded. The GPU machine has no network, so say the cubins are there. (The launcher does
+  # the same when it picks FlashInfer itself, ocr_bundle/attention.py; this covers runs that
+  # ask for it through vLLM's own flag after --, as the sixth session did.)
+  export VLLM_HAS_FLASHINFER_CUBIN=1
   [[ -n ${CUDA_HOME:-} || ! -d /usr/local/cuda ]] || export CUDA_HOME=/usr/local/cuda
 else
   export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0
@@ -93,11 +104,11 @@ case "${1:?phase}" in
       "${extra[@]}" >"$STATE/$name-server.log" 2>&1 </dev/null &
     processes record "$SERVER_PID_FILE" $!
     echo "$STATE/$name-server.log" >"$SERVER_LOG_NOTE"
-    if ! processes wait-ready "http://127.0.0.1:$PORT/health" --pid-file "$SERVER_PID_FILE" --timeout 540 \
+    if ! processes wait-ready "http://127.0.0.1:$PORT/health" --pid-file "$SERVER_PID_FILE" --timeout "${READY_TIMEOUT:-540}" \
          --name "server $name" | tee "$OUT/$name-ready.txt"; then
       tail -n 60 "$STATE/$name-server.log"; cp "$STATE/$name-server.log" "$OUT/"; stop_server; exit 1
     fi
-    grep -E "start_vllm_server|LightOnOCR bundle patch|MMEncoderAttention|Asynchronous scheduling|KV cache|Maximum concurrency|model weights took|graph capturing|torch.compile takes|cudagraph_mode" \
+    grep -E "start_vllm_server|LightOnOCR bundle patch|MMEncoderAttention|Asynchronous scheduling|KV cache|Maximum concurrency|model weights took|graph capturing|torch.compile takes|cudagraph_mode|attention backend|FlashInfer resolved|TRTLLM" \
       "$STATE/$name-server.log" | awk '!seen[$0]++' | tail -n 24 | tee -a "$OUT/$name-ready.txt"
     ;;
   stress)
