@@ -296,3 +296,46 @@ def test_cpu_backend_keeps_one_engine(tiny_checkpoint, monkeypatch):
     with pytest.raises(launcher.LaunchError, match="needs GPUs"):
         launcher.plan_data_parallel(launcher.build_parser().parse_args(["--nodes", "2", "--head-address", "h"]),
                                     "cpu", 0)
+
+
+# ------------------------------------------------------------------ attention kernels (ocr_bundle.attention)
+
+
+@pytest.fixture()
+def h200_box(tmp_path, two_gpus):
+    """Stand-ins for what an H200 box with the CUDA toolkit has and this machine lacks: an
+    nvidia-smi that answers the compute-capability query, an nvcc, and an importable
+    `flashinfer` (the launcher only looks for it; vLLM does the rest on a real GPU)."""
+    bin_dir = tmp_path / "bin"
+    (bin_dir / "nvidia-smi").write_text(
+        "#!/bin/sh\ncase \"$*\" in *compute_cap*) printf '9.0\\n9.0\\n';; "
+        "*) echo 'GPU 0: NVIDIA H200 (UUID: GPU-aaaa)'; echo 'GPU 1: NVIDIA H200 (UUID: GPU-bbbb)';; esac\n")
+    (bin_dir / "nvcc").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "nvcc").chmod(0o755)
+    site = tmp_path / "site"
+    (site / "flashinfer").mkdir(parents=True)
+    (site / "flashinfer" / "__init__.py").write_text("")
+    # PATH: the stand-ins and the system's basics only, so no nvcc of this machine's own is found.
+    return {**two_gpus, "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(site), "DATA_PARALLEL_SIZE": "1"}
+
+
+def test_fp8_on_h200_runs_flashinfer_attention_and_says_so(h200_box):
+    done = dry_run_gpu(h200_box, "--kv-cache-dtype", "fp8")
+    assert done.returncode == 0, done.stderr
+    assert "attention: FlashInfer for the fp8 KV cache" in done.stdout
+    line = next(text for text in done.stdout.splitlines() if "cuda backend:" in text)
+    assert "VLLM_HAS_FLASHINFER_CUBIN=1" in line
+    assert flag(vllm_args(done), "--attention-backend") == "FLASHINFER"
+    bf16 = dry_run_gpu(h200_box)
+    assert "--attention-backend" not in vllm_args(bf16) and "attention: vLLM's default" in bf16.stdout
+    kept = dry_run_gpu({**h200_box, "ATTENTION_BACKEND": "flash-attn"}, "--kv-cache-dtype", "fp8")
+    assert flag(vllm_args(kept), "--attention-backend") == "FLASH_ATTN"
+
+
+def test_fp8_without_nvcc_keeps_flashattention_and_an_explicit_flashinfer_is_refused(h200_box, tmp_path):
+    (tmp_path / "bin" / "nvcc").unlink()
+    done = dry_run_gpu(h200_box, "--kv-cache-dtype", "fp8")
+    assert done.returncode == 0, done.stderr
+    assert "--attention-backend" not in vllm_args(done) and "no nvcc on PATH" in done.stdout
+    refused = dry_run_gpu(h200_box, "--attention-backend", "flashinfer")
+    assert refused.returncode == 2 and "no nvcc is on PATH" in refused.stderr
