@@ -9,7 +9,9 @@ Measured on two H200 of one host, one server after the other on the same GPU
   took 2.53-2.59 s against 2.49 s. So the default keeps vLLM's choice.
 
 FlashInfer builds its kernels with nvcc on the first start (about two minutes, then cached in
-~/.cache/flashinfer), so `auto` picks it only where that build can run.
+~/.cache/flashinfer), so `auto` picks it only where that build can run. (vLLM 0.26 itself
+counts FlashInfer as usable only with nvcc on PATH or its downloaded cubins; kernels built in
+advance by flashinfer-jit-cache were not tried.)
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ class AttentionChoice:
 
 
 def set_in_passthrough(passthrough: Sequence[str]) -> bool:
-    return any(arg.split("=", 1)[0] in ("--attention-backend", "--attention-config") or arg.startswith("--attention-config.")
-               for arg in passthrough)
+    """Whether the vLLM flags after -- already choose attention (then they decide)."""
+    return any(arg.split("=", 1)[0] in ("--attention-backend", "--attention-config")
+               or arg.startswith("--attention-config.") for arg in passthrough)
 
 
 def choose(requested: str, kv_cache_dtype: str, device: str, passthrough: Sequence[str],
