@@ -23,8 +23,9 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ocr_bundle.scaleout import nvidia_smi, visible_devices
+
 CHOICES = ("auto", "flash-attn", "flashinfer")
-VLLM_NAMES = {"flash-attn": "FLASH_ATTN", "flashinfer": "FLASHINFER"}
 # vLLM 0.26 decodes with XQA on SM90 only if NVIDIA's cubin server answers or flashinfer-cubin
 # is installed (vllm/utils/flashinfer.py: has_nvidia_artifactory). On SM90, XQA is built from
 # FlashInfer's own sources (flashinfer/jit/xqa.py) and downloads nothing, so a machine without
@@ -113,18 +114,11 @@ def probe(environ: Mapping[str, str], run: Callable = subprocess.run) -> GpuFact
 
 
 def compute_capabilities(environ: Mapping[str, str], run: Callable = subprocess.run) -> tuple[str, ...]:
-    try:
-        listed = run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                     capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return ()
-    caps = [line.strip() for line in listed.stdout.splitlines()] if listed.returncode == 0 else []
+    listed = nvidia_smi(["--query-gpu=compute_cap", "--format=csv,noheader"], run)
+    caps = [line.strip() for line in (listed or "").splitlines()]
     if not caps or not all(re.fullmatch(r"\d+\.\d+", cap) for cap in caps):
         return ()
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return tuple(caps)
-    indices = [item.strip() for item in visible.split(",") if item.strip()]
-    if not all(index.isdigit() for index in indices):
-        return tuple(caps)  # UUIDs or MIG names: judge by every GPU of the machine
-    return tuple(caps[int(index)] for index in indices if int(index) < len(caps))
+    visible = visible_devices(environ)
+    if visible is None or not all(index.isdigit() for index in visible):
+        return tuple(caps)  # all GPUs, or UUIDs / MIG names: judge by every GPU of the machine
+    return tuple(caps[int(index)] for index in visible if int(index) < len(caps))

@@ -30,18 +30,30 @@ class ScaleOutError(ValueError):
     """A scale-out request that cannot work; the message says how to fix it."""
 
 
+def nvidia_smi(args: list[str], run: Callable = subprocess.run) -> str | None:
+    """What `nvidia-smi ARGS` prints, or None where it is missing, fails or hangs."""
+    try:
+        done = run(["nvidia-smi", *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def visible_devices(environ: Mapping[str, str]) -> list[str] | None:
+    """The entries of CUDA_VISIBLE_DEVICES (indices, UUIDs or MIG names); None when it is unset."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return [device.strip() for device in visible.split(",") if device.strip() and device.strip() != "-1"]
+
+
 def visible_gpu_count(environ: Mapping[str, str], run: Callable = subprocess.run) -> int:
     """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else what `nvidia-smi -L` lists."""
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    visible = visible_devices(environ)
     if visible is not None:
-        return len([device for device in visible.split(",") if device.strip() and device.strip() != "-1"])
-    try:
-        listed = run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    if listed.returncode != 0:
-        return 0
-    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+        return len(visible)
+    listed = nvidia_smi(["-L"], run)
+    return 0 if listed is None else sum(line.startswith("GPU ") for line in listed.splitlines())
 
 
 def replicas_per_node(requested: str, gpus: int, tensor_parallel: int = 1) -> int:
