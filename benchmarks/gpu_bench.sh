@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_bench.sh batch NAME [batch args]    # batch_ocr.py on a generated 300-page A4 PDF
 #   bash benchmarks/gpu_bench.sh kill-worker-during NAME [stress args]  # SIGKILL the worker node mid-run
 #   bash benchmarks/gpu_bench.sh profile NAME [tokens]       # vLLM's torch profiler over one request
+#   bash benchmarks/gpu_bench.sh hostprofile NAME [stress args]  # py-spy on the engine core and API server, c=1
 #   bash benchmarks/gpu_bench.sh stop
 # SERVER_PID_FILE / WORKER_PID_FILE point at a server started otherwise (benchmarks/two_nodes.sh starts
 # the head and the worker with start_optimized.sh). Two one-GPU servers side by side (one
@@ -17,8 +18,11 @@
 # `profile` needs a server started with PROFILE_DIR set (serve adds vLLM's --profiler-config).
 # FLASHINFER=1 makes FlashInfer importable, from /root/site-flashinfer (staged by
 # benchmarks/stage_flashinfer.sh), and serves with its sampler unless FLASHINFER_SAMPLER=0;
-# without it FlashInfer is not importable at all. Its attention is a vLLM flag:
-#   FLASHINFER=1 FLASHINFER_SAMPLER=0 bash benchmarks/gpu_bench.sh serve NAME -- --attention-backend FLASHINFER
+# without it FlashInfer is not importable at all. Its attention is then the launcher's choice
+# (ocr_bundle/attention.py: auto takes it for --kv-cache-dtype fp8 on Hopper), or asked for:
+#   FLASHINFER=1 FLASHINFER_SAMPLER=0 bash benchmarks/gpu_bench.sh serve NAME --attention-backend flashinfer
+# (The sixth session asked through vLLM's own flag after --, and this script then exported the
+# XQA gate, VLLM_HAS_FLASHINFER_CUBIN=1, itself; since the seventh the launcher sets it.)
 # READY_TIMEOUT (seconds, default 540) bounds serve's wait for /health.
 # State that must outlive one call (server PID, reports) lives in $STATE; results go to $OUT.
 set -euo pipefail
@@ -35,13 +39,6 @@ if [[ ${FLASHINFER:-0} == 1 ]]; then
   # Its just-in-time builds call `ninja` and the image's nvcc.
   export PYTHONPATH=/root/site:$FLASHINFER_SITE VLLM_USE_FLASHINFER_SAMPLER=${FLASHINFER_SAMPLER:-1} \
     PATH=$FLASHINFER_SITE/bin:$PATH
-  # vLLM 0.26 picks FlashInfer's XQA decode kernel on an H200 only if NVIDIA's cubin server
-  # answers or flashinfer-cubin is installed (`has_nvidia_artifactory`), yet on SM90 XQA is
-  # built just in time from FlashInfer's own sources (flashinfer/jit/xqa.py): no cubin is
-  # downloaded. The GPU machine has no network, so say the cubins are there. (The launcher does
-  # the same when it picks FlashInfer itself, ocr_bundle/attention.py; this covers runs that
-  # ask for it through vLLM's own flag after --, as the sixth session did.)
-  export VLLM_HAS_FLASHINFER_CUBIN=1
   [[ -n ${CUDA_HOME:-} || ! -d /usr/local/cuda ]] || export CUDA_HOME=/usr/local/cuda
 else
   export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0
@@ -78,6 +75,9 @@ case "${1:?phase}" in
     [[ -d /root/site/vllm ]] || bash /root/gpu/install.sh
     if compgen -G "/root/gpu/extra/*.whl" >/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site /root/gpu/extra/*.whl
+    fi
+    if compgen -G "/root/gpu/tools/*.whl" >/dev/null; then   # py-spy (benchmarks/stage_tools.sh)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site-tools /root/gpu/tools/*.whl
     fi
     if compgen -G "/root/gpu/flashinfer/*.whl" >/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target "$FLASHINFER_SITE" /root/gpu/flashinfer/*.whl
@@ -123,7 +123,9 @@ case "${1:?phase}" in
   encoder)
     shift
     stop_server
-    python3 benchmarks/encoder_check.py --model "$MODEL_DIR" --out "$OUT/encoder-check.json" "$@" 2>&1 \
+    # ENCODER_TIMEOUT bounds the run (seconds, default 900): torch.compile's first build is long.
+    timeout "${ENCODER_TIMEOUT:-900}" python3 benchmarks/encoder_check.py --model "$MODEL_DIR" \
+      --out "$OUT/encoder-check.json" "$@" 2>&1 \
       | grep -vE "^\s*$" | tail -n 30
     ;;
   sampler)
@@ -176,6 +178,36 @@ except Exception as exc: print('no answer:', exc)" "http://127.0.0.1:$PORT/healt
       || ls -la "$PROFILE_DIR"
     grep -E "pages/s|latency|TTFT" "$OUT/$name-request.txt" | head -n 5
     head -n 30 "$OUT/$name-profile.txt" || true
+    ;;
+  hostprofile)
+    # py-spy over lone streamed pages: where the host's time per decode step goes (the fourth
+    # session's torch profile: of each ~2.7 ms step, the GPU kernels take ~1.6 ms). Recordings
+    # of one stretch: the engine core's CPU and its wall time (--idle: also where it waits, on
+    # the GPU or a queue), the same for a worker process where vLLM runs the model in one (its
+    # multiprocessing executor), and the API server's CPU; benchmarks/stack_top.py sums them.
+    name=${2:?name}; shift 2
+    pyspy=${PYSPY:-/root/site-tools/bin/py-spy}
+    engine=$(python3 benchmarks/server_cpu.py pids "$SERVER_PID_FILE" --role VLLM::EngineCore | head -n 1)
+    worker=$(python3 benchmarks/server_cpu.py pids "$SERVER_PID_FILE" --role VLLM::Worker | head -n 1) || true
+    api=$(cut -d' ' -f1 "$SERVER_PID_FILE")   # the launcher execs vLLM's API server
+    stress_run "$name" --concurrency 1 --requests "${REQUESTS:-8}" --warmup 1 "$@" >"$OUT/$name-request.txt" 2>&1 &
+    # A fixed offset, not a readiness wait: past the client's start and its warm-up page (~3 s
+    # on an H200), into the measured pages (8 x ~2.5 s), which outlast the recording.
+    sleep "${PROFILE_DELAY:-6}"
+    record() { "$pyspy" record --pid "$1" --rate 500 --duration "${PROFILE_S:-10}" --format raw --threads \
+                 --nonblocking --output "$OUT/$name-$2.txt" "${@:3}" >"$OUT/$name-$2.log" 2>&1 || tail -n 5 "$OUT/$name-$2.log"; }
+    parts=(engine-wall engine-cpu api-cpu)
+    record "$engine" engine-cpu & record "$engine" engine-wall --idle & record "$api" api-cpu &
+    if [[ -n $worker ]]; then
+      parts+=(worker-wall worker-cpu)
+      record "$worker" worker-cpu & record "$worker" worker-wall --idle &
+    fi
+    wait
+    for part in "${parts[@]}"; do
+      python3 benchmarks/stack_top.py "$OUT/$name-$part.txt" >"$OUT/$name-$part-top.txt" || true
+    done
+    grep -E "latency|TTFT" "$OUT/$name-request.txt" | head -n 4
+    awk '/^thread MainThread/ {shown = 1} shown' "$OUT/$name-engine-wall-top.txt" | head -n 45   # the busy loop
     ;;
   stop)
     stop_server

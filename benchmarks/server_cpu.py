@@ -5,6 +5,7 @@
     ... load ...
     python3 benchmarks/server_cpu.py snapshot /root/bench/server.pid after.json
     python3 benchmarks/server_cpu.py diff before.json after.json --pages 768
+    python3 benchmarks/server_cpu.py pids /root/bench/server.pid --role VLLM::EngineCore
 
 vLLM names its processes (setproctitle): the API servers, the engine cores (one per data
 parallel replica), the DP coordinator. Their CPU seconds per page say which one would
@@ -73,7 +74,16 @@ def main() -> None:
     change.add_argument("before", type=Path)
     change.add_argument("after", type=Path)
     change.add_argument("--pages", type=int, required=True)
+    pids = commands.add_parser("pids", help="the PIDs of the server's processes of one role, one per line")
+    pids.add_argument("pid_file", type=Path)
+    pids.add_argument("--role", required=True, help="the role or its start, e.g. VLLM::EngineCore, VLLM::Worker")
     args = parser.parse_args()
+    if args.command == "pids":
+        service = read_pid_file(args.pid_file)
+        found = [info.pid for info in all_processes()
+                 if service and info.pgid == service.pid and role_of(info.pid).startswith(args.role)]
+        print("\n".join(map(str, found)))
+        sys.exit(0 if found else 1)
     if args.command == "snapshot":
         args.out.write_text(json.dumps(snapshot(args.pid_file)))
     else:
