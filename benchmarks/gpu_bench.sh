@@ -23,7 +23,9 @@
 #   FLASHINFER=1 FLASHINFER_SAMPLER=0 bash benchmarks/gpu_bench.sh serve NAME --attention-backend flashinfer
 # (The sixth session asked through vLLM's own flag after --, and this script then exported the
 # XQA gate, VLLM_HAS_FLASHINFER_CUBIN=1, itself; since the seventh the launcher sets it.)
-# READY_TIMEOUT (seconds, default 540) bounds serve's wait for /health.
+# READY_TIMEOUT (seconds, default 540) bounds serve's wait for /health. hostprofile reads PYSPY
+# (default /root/site-tools/bin/py-spy, staged by benchmarks/stage_tools.sh), REQUESTS (8),
+# PROFILE_DELAY (6 s after the client starts) and PROFILE_S (10 s of recording).
 # State that must outlive one call (server PID, reports) lives in $STATE; results go to $OUT.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
