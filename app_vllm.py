@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,9 +105,13 @@ class OcrPage:
     Handlers raise gr.Error with a message for people; Gradio shows it as a toast and the
     page stays usable."""
 
+    REMEMBERED_SESSIONS = 10_000  # browser sessions whose last refused upload is kept (see on_upload)
+
     def __init__(self, client: OcrClient, settings: PageSettings = PageSettings()):
         self.client = client
         self.settings = settings
+        self._refused: OrderedDict[str, str] = OrderedDict()  # session -> the upload last refused there
+        self._refused_lock = threading.Lock()
 
     def server_status(self) -> str:
         return self.client.status().describe()
@@ -116,10 +122,44 @@ class OcrPage:
         except InputError as exc:
             raise user_error(exc) from exc
 
-    def on_upload(self, path: str | None):
-        """Show a page picker for PDFs and a preview of what will be sent."""
+    def on_upload(self, path: str | None, request: gr.Request | None = None):
+        """Show a page picker for PDFs and a preview of what will be sent.
+
+        Gradio can deliver one upload twice: a Clear quickly followed by a new file sends two
+        change events, and both can carry the new file (the browser test caught the page
+        showing 'Error (2)' for one bad file). So when a session's upload is refused again
+        with nothing in between, the refusal is raised without a message: Extract stays
+        disabled, and one bad file gives one toast. A real second upload of the same file
+        goes through Clear (an empty value), which forgets the refusal."""
+        session = request.session_hash if request is not None else None
         if not path:
+            self._remember_refusal(session, None)
             return gr.update(visible=False, value=1, maximum=2), gr.update(visible=False), None
+        try:
+            shown = self._preview(path)
+        except gr.Error as exc:
+            if self._remember_refusal(session, path):
+                raise gr.Error(exc.message, visible=False, print_exception=False) from exc
+            raise
+        self._remember_refusal(session, None)
+        return shown
+
+    def _remember_refusal(self, session: str | None, path: str | None) -> bool:
+        """Record the session's last refused upload (None: none); True if `path` was refused just before."""
+        if session is None:
+            return False
+        with self._refused_lock:
+            repeated = path is not None and self._refused.get(session) == path
+            if path is None:
+                self._refused.pop(session, None)
+            else:
+                self._refused[session] = path
+                self._refused.move_to_end(session)
+                while len(self._refused) > self.REMEMBERED_SESSIONS:
+                    self._refused.popitem(last=False)
+            return repeated
+
+    def _preview(self, path: str):
         data = self._read(path)
         try:
             count = pdf_page_count(data, self.settings.max_upload_bytes) if is_pdf(data) else 1

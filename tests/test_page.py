@@ -70,6 +70,29 @@ def test_upload_limit_and_page_picker(vllm_server, tmp_path):
     assert pages_to_process(pdf.read_bytes(), 2, False, 10**8) == [2]
 
 
+def test_a_bad_upload_delivered_twice_gives_one_message(tmp_path):
+    """Gradio can send one upload's change event twice (a quick Clear, then a new file: both
+    events carry the new file). The browser showed 'Error (2)' for it; the repeat is now
+    refused without a toast, and a real second upload (after Clear) is refused aloud again."""
+    page = OcrPage(OcrClient("http://127.0.0.1:9", model="m"))  # an upload's preview needs no server
+    bad = tmp_path / "scan.png"
+    bad.write_bytes(b"not an image at all")
+    me, other = gr.Request(session_hash="me"), gr.Request(session_hash="other")
+
+    def refusal(request: gr.Request) -> gr.Error:
+        with pytest.raises(gr.Error, match="not an image") as caught:
+            page.on_upload(str(bad), request)
+        return caught.value
+
+    assert refusal(me).visible
+    assert not refusal(me).visible  # the same event again: still refused (Extract stays off), silently
+    assert refusal(other).visible  # another browser session has its own toast
+    page.on_upload(None, me)  # Clear
+    assert refusal(me).visible
+    page.on_upload(str(sample_path("table_screenshot.png")), me)  # a good file in between
+    assert refusal(me).visible
+
+
 def test_parse_auth():
     assert parse_auth("a:b,c:d:e") == [("a", "b"), ("c", "d:e")]
     assert parse_auth(None) is None
