@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import gradio as gr
@@ -19,7 +20,13 @@ def page(vllm_server) -> OcrPage:
 
 
 def test_build_ui_without_launching(vllm_server):
-    blocks = build_ui(OcrClient(vllm_server.url))
+    async def build() -> gr.Blocks:
+        return build_ui(OcrClient(vllm_server.url))
+
+    # Built inside a running event loop, as the page's own launch does: outside one, Gradio
+    # makes a new event loop for each of its locks and never closes them (a ResourceWarning
+    # later in the session).
+    blocks = asyncio.run(build())
     assert isinstance(blocks, gr.Blocks)
 
 
