@@ -133,31 +133,32 @@ class OcrPage:
         goes through Clear (an empty value), which forgets the refusal."""
         session = request.session_hash if request is not None else None
         if not path:
-            self._remember_refusal(session, None)
+            self._forget_refusal(session)
             return gr.update(visible=False, value=1, maximum=2), gr.update(visible=False), None
         try:
             shown = self._preview(path)
         except gr.Error as exc:
-            if self._remember_refusal(session, path):
+            if self._refused_again(session, path):
                 raise gr.Error(exc.message, visible=False, print_exception=False) from exc
             raise
-        self._remember_refusal(session, None)
+        self._forget_refusal(session)
         return shown
 
-    def _remember_refusal(self, session: str | None, path: str | None) -> bool:
-        """Record the session's last refused upload (None: none); True if `path` was refused just before."""
+    def _refused_again(self, session: str | None, path: str) -> bool:
+        """Record that the session's upload `path` was refused; True if it was the last one refused."""
         if session is None:
             return False
         with self._refused_lock:
-            repeated = path is not None and self._refused.get(session) == path
-            if path is None:
-                self._refused.pop(session, None)
-            else:
-                self._refused[session] = path
-                self._refused.move_to_end(session)
-                while len(self._refused) > self.REMEMBERED_SESSIONS:
-                    self._refused.popitem(last=False)
+            repeated = self._refused.get(session) == path
+            self._refused[session] = path
+            self._refused.move_to_end(session)
+            while len(self._refused) > self.REMEMBERED_SESSIONS:
+                self._refused.popitem(last=False)
             return repeated
+
+    def _forget_refusal(self, session: str | None) -> None:
+        with self._refused_lock:
+            self._refused.pop(session, None)
 
     def _preview(self, path: str):
         data = self._read(path)

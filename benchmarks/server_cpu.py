@@ -80,8 +80,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "pids":
         service = read_pid_file(args.pid_file)
-        found = [info.pid for info in all_processes()
-                 if service and info.pgid == service.pid and role_of(info.pid).startswith(args.role)]
+        members = service.members() if service else []
+        found = [info.pid for info in members if role_of(info.pid).startswith(args.role)]
         print("\n".join(map(str, found)))
         sys.exit(0 if found else 1)
     if args.command == "snapshot":
