@@ -10,10 +10,10 @@ vision encoder:
   features whether or not another image shares the batch (images stay isolated);
 - speed and peak memory of both paths for 1-4 page-sized images per call (one engine
   step encodes several pages when several requests arrive together);
-- with --compile, what torch.compile (Inductor) would buy the packed encoder's transformer
-  stack on one page: vLLM 0.26 compiles only the decoder for this model (Pixtral's encoder
-  does not opt in to `compile_mm_encoder`), so this measures the lever before anyone
-  patches vLLM for it.
+- with --compile, what torch.compile (Inductor) buys the packed encoder's transformer
+  stack on one page, compiled as the server does with OCR_BUNDLE_COMPILE_ENCODER=1 (vLLM
+  0.26 compiles only the decoder for this model: Pixtral's encoder does not opt in to
+  `compile_mm_encoder`).
 """
 
 from __future__ import annotations
@@ -58,50 +58,38 @@ def timed(fn, repeats: int) -> tuple[float, float]:
     return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-def give_flash_attn_fake_the_kernels_layout() -> str:
-    """vLLM 0.26's fake (meta) kernel of `vllm::flash_attn_maxseqlen_wrapper` returns
-    `empty_like(q)`, with q's strides, but the real kernel returns a contiguous tensor. Inductor
-    asserts the fake's layout at run time and fails ("expected size 8580==8580, stride
-    1024==64 at dim=1", sixth session). This gives the fake the real kernel's layout, in this
-    process only, so that what compiling buys can be measured."""
-    import torch
-
-    def contiguous_like_the_kernel(q, k, v, batch_size, is_rocm_aiter, fa_version, scale=None,
-                                   cu_seqlens=None, max_seqlen=None):
-        return q.new_empty(q.shape)
-
-    try:
-        torch.library.register_fake("vllm::flash_attn_maxseqlen_wrapper", contiguous_like_the_kernel,
-                                    allow_override=True)
-    except (TypeError, RuntimeError) as exc:  # a torch without allow_override, or an op of another shape
-        return f"not replaced: {exc}"
-    return "replaced"
-
-
-def compiled_transformer_timing(tower, page, eager_out, repeats: int) -> dict:
-    """The packed encoder on one page with its transformer stack under torch.compile.
+def compiled_transformer_timing(tower, page, small, eager_out, repeats: int) -> dict:
+    """The packed encoder on one page with its transformer stack compiled the way the server
+    compiles it with OCR_BUNDLE_COMPILE_ENCODER=1 (vllm_patches.CompiledOrEager: dynamic
+    shapes, the attention op's fake kernel corrected first).
 
     Only the 24 layers are compiled: the sequence lengths the packed patch builds before them
     go through vLLM's `async_tensor_h2d`, whose `pin_memory()` Dynamo cannot trace (compiling
-    the whole tower failed there on vLLM 0.26.0, fifth session). The attention op's fake
-    kernel is corrected first (give_flash_attn_fake_the_kernels_layout, sixth session).
+    the whole tower failed there on vLLM 0.26.0, fifth session). A second image size then
+    shows whether a new patch count compiles again (its first call would take seconds).
     """
     import torch
 
-    fake_kernel = give_flash_attn_fake_the_kernels_layout()
+    fake_kernel = vllm_patches.give_flash_attn_fake_the_kernels_layout()
     print(f"fake kernel of vllm::flash_attn_maxseqlen_wrapper: {fake_kernel}", flush=True)
     eager_transformer = tower.transformer
     eager_s, _ = timed(lambda: tower([page]), repeats)
-    tower.transformer = torch.compile(eager_transformer)
+    compiled = vllm_patches.CompiledOrEager(eager_transformer, "encoder_check")
+    tower.transformer = compiled
     try:
         started = time.perf_counter()
         compiled_out = tower([page])[0]
         torch.cuda.synchronize()
         first_call_s = time.perf_counter() - started
+        started = time.perf_counter()
+        tower([small])
+        torch.cuda.synchronize()
+        other_size_first_call_s = time.perf_counter() - started
         compiled_s, _ = timed(lambda: tower([page]), repeats)
     finally:
         tower.transformer = eager_transformer
-    return {"fake_kernel": fake_kernel, "first_call_s": first_call_s, "eager_s": eager_s, "compiled_s": compiled_s,
+    return {"fake_kernel": fake_kernel, "state": compiled.state, "first_call_s": first_call_s,
+            "other_size_first_call_s": other_size_first_call_s, "eager_s": eager_s, "compiled_s": compiled_s,
             "speedup": eager_s / compiled_s, "relative_error_vs_eager": relative_error(compiled_out, eager_out)}
 
 
@@ -160,7 +148,7 @@ def main() -> int:
         result["timing"] = rows
 
         if args.compile:
-            result["compile"] = compiled_transformer_timing(tower, page, alone, args.repeats * 4)
+            result["compile"] = compiled_transformer_timing(tower, page, small, alone, args.repeats * 4)
             print("torch.compile, one page:", json.dumps(result["compile"]), flush=True)
 
     args.out.write_text(json.dumps(result, indent=2))

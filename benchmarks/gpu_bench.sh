@@ -117,9 +117,10 @@ case "${1:?phase}" in
     name=${2:?name}; shift 2
     stress_run "$name" "$@"
     cat "$OUT/$name/server-cpu.json" || true
-    # vLLM's own throughput log lines (prompt vs generation tokens/s) tell what limited each level.
+    # vLLM's own throughput log lines (prompt vs generation tokens/s) tell what limited each level;
+    # the bundle's lines say what its patch did once pages arrived (a compiled encoder compiles then).
     server_log=$(cat "$SERVER_LOG_NOTE")
-    grep -E "throughput|OutOfMemory|Error" "$server_log" | tail -n 80 >"$OUT/$name-engine.txt" || true
+    grep -E "throughput|OutOfMemory|Error|LightOnOCR bundle patch" "$server_log" | tail -n 80 >"$OUT/$name-engine.txt" || true
     tail -n 3 "$OUT/$name-engine.txt"
     ;;
   encoder)

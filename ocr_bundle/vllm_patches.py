@@ -24,6 +24,12 @@ Anything else (a newer vLLM that packs by itself, a patched 0.26 build) runs as 
 and one log line says why. `OCR_BUNDLE_VLLM_PATCHES=off` switches it off; an error raised
 inside the patched code says so.
 
+Optional, with the patch: `OCR_BUNDLE_COMPILE_ENCODER=1` runs the encoder's 24-layer
+transformer stack under torch.compile (Inductor), which vLLM 0.26 does not do for Pixtral
+(its encoder does not opt in to `compile_mm_encoder`). It compiles once, on the first
+image the engine encodes, with the patch count dynamic so pages of other sizes reuse the
+code; if compiling fails, one log line says so and the encoder runs eagerly.
+
 How it reaches every process: start_vllm_server.py runs vLLM through
 `python -m ocr_bundle.vllm_serve`, which calls `apply()` at import time. Forked vLLM
 processes inherit the patched classes; spawned ones re-import that main module first.
@@ -36,11 +42,14 @@ import functools
 import hashlib
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 UPSTREAM_FIX = "vllm-project/vllm#52185"
 # Set to "off" to run vLLM unpatched (the benchmarks' before/after comparison).
 DISABLE_ENV = "OCR_BUNDLE_VLLM_PATCHES"
+# Set to "1" to compile the patched encoder's transformer stack (docs/benchmarks.md measures it).
+COMPILE_ENV = "OCR_BUNDLE_COMPILE_ENCODER"
 # vLLM version -> fingerprint of the Pixtral methods the patch replaces, as proven there.
 VERIFIED = {"0.26.0": "38e27c21636a6f22"}
 REPLACED_METHODS = (("PixtralHFAttention", "__init__"), ("PixtralHFAttention", "forward"),
@@ -79,6 +88,71 @@ def source_fingerprint(module_source: str, methods=REPLACED_METHODS) -> str:
     return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()[:16]
 
 
+def compile_encoder_requested(environ=os.environ) -> bool:
+    return environ.get(COMPILE_ENV, "").strip().lower() in ("1", "on", "true", "yes")
+
+
+class CompiledOrEager:
+    """Calls a module through torch.compile, or eagerly once compiling it has failed.
+
+    torch.compile works on the first call (the Pixtral encoder's stack: ~17 s of Inductor on
+    an H200). Shapes are dynamic from the start: a page of another size, or several images
+    packed into one call, changes the patch count, and a static compile would build again,
+    ~17 s in the middle of serving, for each new count. If Dynamo or Inductor raises, the
+    failure is logged once and the module runs eagerly from then on: a slower encoder beats an
+    engine that cannot encode.
+    """
+
+    def __init__(self, module, name: str, backend="inductor"):
+        import torch
+
+        self.module = module
+        self.name = name
+        self._compiled = torch.compile(module, dynamic=True, backend=backend)
+        self.state = "not called yet"
+
+    def __call__(self, *args, **kwargs):
+        if self._compiled is None:
+            return self.module(*args, **kwargs)
+        started = time.perf_counter()
+        try:
+            result = self._compiled(*args, **kwargs)
+        except Exception as exc:  # Dynamo's and Inductor's errors have no common base class
+            # If the eager module fails as well, the input is at fault: its error propagates
+            # and compiling stays on. Only a call that eager code completes blames the compiler.
+            result = self.module(*args, **kwargs)
+            self._compiled = None
+            first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+            self.state = f"eager: torch.compile failed ({type(exc).__name__}: {first_line})"
+            _log(f"{self.name}: {self.state}; it runs eagerly from now on")
+            return result
+        if self.state == "not called yet":
+            self.state = f"compiled in {time.perf_counter() - started:.1f} s on its first call"
+            _log(f"{self.name}: {self.state}")
+        return result
+
+
+def give_flash_attn_fake_the_kernels_layout() -> str:
+    """vLLM 0.26's fake (meta) kernel of `vllm::flash_attn_maxseqlen_wrapper` returns
+    `empty_like(q)`, with q's strides, but the real kernel returns a contiguous tensor.
+    Inductor asserts the fake's layout at run time ("expected size 8580==8580, stride
+    1024==64 at dim=1", docs/benchmarks.md, sixth session), so nothing that calls it compiles.
+    This registers the real kernel's layout, in this process (vLLM fixed its fake later:
+    0.32 returns `empty_like(q, memory_format=torch.contiguous_format)`)."""
+    import torch
+
+    def contiguous_like_the_kernel(q, k, v, batch_size, is_rocm_aiter, fa_version, scale=None,
+                                   cu_seqlens=None, max_seqlen=None):
+        return q.new_empty(q.shape)
+
+    try:
+        torch.library.register_fake("vllm::flash_attn_maxseqlen_wrapper", contiguous_like_the_kernel,
+                                    allow_override=True)
+    except (TypeError, RuntimeError) as exc:  # a torch without allow_override, or no such op
+        return f"not replaced: {exc}"
+    return "replaced"
+
+
 def decide(vllm_version: str, fingerprint: str, packs_natively: bool) -> str | None:
     """Why the patch must not be applied, or None when it should be. Pure: tested as such."""
     if vllm_version not in VERIFIED:
@@ -115,9 +189,12 @@ def apply() -> str:
         _applied = reason
     else:
         try:
-            _patch_pixtral(pixtral)
+            compile_encoder = compile_encoder_requested()
+            _patch_pixtral(pixtral, compile_encoder)
             _applied = (f"applied: packed per-image Pixtral encoder attention on vLLM {vllm.__version__} "
-                        f"(backport of {UPSTREAM_FIX}; {DISABLE_ENV}=off turns it off)")
+                        f"(backport of {UPSTREAM_FIX}; {DISABLE_ENV}=off turns it off)"
+                        + (f"; the encoder's transformer stack compiles on first use ({COMPILE_ENV}=1)"
+                           if compile_encoder else ""))
         except Exception as exc:  # nothing was replaced yet (assignments come last): vLLM as shipped
             _applied = (f"not applied: it failed while patching ({type(exc).__name__}: {exc}); vLLM runs as "
                         f"shipped. Report it, and set {DISABLE_ENV}=off to skip the attempt")
@@ -146,7 +223,7 @@ def _log(what: str) -> None:
     print(f"[ocr_bundle] LightOnOCR bundle patch {what}", file=sys.stderr, flush=True)
 
 
-def _patch_pixtral(pixtral) -> None:
+def _patch_pixtral(pixtral, compile_encoder: bool = False) -> None:
     import torch
     from vllm.model_executor.layers.attention import MMEncoderAttention
     from vllm.model_executor.models.vision import resolve_visual_encoder_outputs
@@ -210,7 +287,7 @@ def _patch_pixtral(pixtral) -> None:
             patch_embeds_list, max_width=self.config.image_size // self.config.patch_size,
         ).to(self.device)
         position_embedding = self.patch_positional_embedding(patch_embeds, position_ids)
-        out = self.transformer(
+        out = encoder_stack(self)(
             patch_embeds, packed_images(attn, embed_sizes, self.device), position_embedding,
             return_all_hidden_states=select_layers is not None,
         )
@@ -220,6 +297,19 @@ def _patch_pixtral(pixtral) -> None:
             feature_select_strategy=feature_select_strategy,
         )
         return torch.split(out.squeeze(0), embed_sizes)
+
+    def encoder_stack(tower):
+        """The transformer stack to run: the module itself, or its compiled form (made once
+        per tower, kept out of the module tree so that weights and state dicts do not see it)."""
+        if not compile_encoder:
+            return tower.transformer
+        compiled = tower.__dict__.get("_bundle_compiled_stack")
+        if compiled is None:
+            _log(f"encoder: the fake kernel of vllm::flash_attn_maxseqlen_wrapper "
+                 f"{give_flash_attn_fake_the_kernels_layout()} before compiling")
+            compiled = CompiledOrEager(tower.transformer, "encoder transformer stack")
+            object.__setattr__(tower, "_bundle_compiled_stack", compiled)
+        return compiled
 
     def packed_images(attn, lengths: list[int], device) -> PackedImages:
         cu_seqlens = cumulative_lengths(lengths)

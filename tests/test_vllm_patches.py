@@ -9,6 +9,7 @@ docs/benchmarks.md), where the server log says "applied".
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -116,3 +117,84 @@ def test_the_served_vllm_went_through_the_wrapper(vllm_server):
     log = vllm_server.log.read_text(errors="replace")
     assert "ocr_bundle.vllm_serve" in log  # the launcher's printed command
     assert f"{PATCH_LINE} not applied: vLLM 0.32.0" in log
+
+
+# torch.compile with a graph-counting backend: Dynamo for real, without Inductor's C++ build.
+COMPILE_CHECK = """
+import json, sys, torch
+from ocr_bundle.vllm_patches import CompiledOrEager
+backend_calls = []
+def counting(graph, example_inputs):
+    backend_calls.append(len(example_inputs))
+    return graph.forward
+def broken(graph, example_inputs):
+    backend_calls.append(len(example_inputs))
+    raise RuntimeError("no compiler on this machine")
+torch.manual_seed(0)
+stack = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.LayerNorm(16))
+run = CompiledOrEager(stack, "test stack", backend=counting if sys.argv[1] == "counting" else broken)
+result = {"same": [], "state_before": run.state}
+with torch.inference_mode():
+    for patches in (7, 40, 3):
+        x = torch.randn(1, patches, 16)
+        result["same"].append(bool(torch.allclose(run(x), stack(x))))
+    try:
+        run(torch.randn(1, 5, 8))  # the wrong width: eager code fails too
+    except RuntimeError as exc:
+        result["bad_input"] = str(exc).splitlines()[0]
+result.update(state=run.state, backend_calls=len(backend_calls))
+print(json.dumps(result))
+"""
+
+
+def run_compile_check(backend: str) -> tuple[dict, str]:
+    result = subprocess.run([PYTHON, "-c", COMPILE_CHECK, backend], cwd=ROOT, capture_output=True, text=True,
+                            timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def test_the_encoder_stack_compiles_once_for_every_patch_count():
+    outcome, log = run_compile_check("counting")
+    assert outcome["same"] == [True, True, True]
+    assert outcome["state_before"] == "not called yet"
+    assert outcome["state"].startswith("compiled in ") and outcome["state"].endswith("on its first call")
+    # Dynamic from the start: 7, 40 and 3 patches share one graph (a new image size must not
+    # stop the engine for another build). The bad input's trace fails before the backend.
+    assert outcome["backend_calls"] == 1
+    assert "mat1 and mat2 shapes cannot be multiplied" in outcome["bad_input"]
+    assert log.count(f"{PATCH_LINE} test stack: compiled in") == 1
+
+
+def test_a_failed_compile_falls_back_to_eager_once_and_says_so():
+    outcome, log = run_compile_check("broken")
+    assert outcome["same"] == [True, True, True]  # every call answered, from eager code
+    assert outcome["state"].startswith("eager: torch.compile failed (BackendCompilerFailed")
+    assert outcome["backend_calls"] == 1  # not retried on every call
+    assert "mat1 and mat2 shapes cannot be multiplied" in outcome["bad_input"]
+    assert log.count(f"{PATCH_LINE} test stack: eager: torch.compile failed") == 1
+
+
+def test_compiling_the_encoder_is_asked_for_explicitly():
+    from ocr_bundle.vllm_patches import COMPILE_ENV, compile_encoder_requested
+
+    assert COMPILE_ENV == "OCR_BUNDLE_COMPILE_ENCODER"
+    assert all(compile_encoder_requested({COMPILE_ENV: value}) for value in ("1", "on", "TRUE", " yes "))
+    assert not any(compile_encoder_requested(environ) for environ in ({}, {COMPILE_ENV: "0"}, {COMPILE_ENV: "off"}))
+
+
+def test_the_attention_ops_fake_kernel_gets_the_real_layout():
+    # On vLLM's real op (the CPU build registers it too): a transposed query, as Pixtral's
+    # rotary embedding leaves it, must come back contiguous, as the CUDA kernel returns it.
+    result = run_python(
+        "import torch, vllm.v1.attention.ops.vit_attn_wrappers\n"
+        "from torch._subclasses.fake_tensor import FakeTensorMode\n"
+        "from ocr_bundle.vllm_patches import give_flash_attn_fake_the_kernels_layout\n"
+        "print(give_flash_attn_fake_the_kernels_layout())\n"
+        "with FakeTensorMode():\n"
+        "    q = torch.empty(1, 16, 50, 64).transpose(1, 2)\n"
+        "    out = torch.ops.vllm.flash_attn_maxseqlen_wrapper(q, q, q, 1, False, None)\n"
+        "print(q.is_contiguous(), out.is_contiguous(), tuple(out.shape))\n"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-2:] == ["replaced", "False True (1, 50, 16, 64)"]
