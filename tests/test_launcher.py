@@ -326,8 +326,13 @@ def test_fp8_on_h200_runs_flashinfer_attention_and_says_so(h200_box):
     line = next(text for text in done.stdout.splitlines() if "cuda backend:" in text)
     assert "VLLM_HAS_FLASHINFER_CUBIN=1" in line
     assert flag(vllm_args(done), "--attention-backend") == "FLASHINFER"
+    assert "--block-size" not in vllm_args(done) and "OCR_BUNDLE_COMPILE_ENCODER=0" in line
     bf16 = dry_run_gpu(h200_box)
     assert "--attention-backend" not in vllm_args(bf16) and "attention: vLLM's default" in bf16.stdout
+    # The measured default (ocr_bundle.tuning): 128-token blocks and the compiled encoder, said.
+    assert flag(vllm_args(bf16), "--block-size") == "128" and "KV block size: 128 tokens" in bf16.stdout
+    assert "OCR_BUNDLE_COMPILE_ENCODER=1" in next(text for text in bf16.stdout.splitlines() if "cuda backend:" in text)
+    assert "vision encoder: compiled with torch.compile" in bf16.stdout
     kept = dry_run_gpu({**h200_box, "ATTENTION_BACKEND": "flash-attn"}, "--kv-cache-dtype", "fp8")
     assert flag(vllm_args(kept), "--attention-backend") == "FLASH_ATTN"
 

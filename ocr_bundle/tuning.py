@@ -1,0 +1,78 @@
+"""What the launcher adds to vLLM's defaults on a GPU, beyond the attention kernels: the KV
+cache's block size and the vision encoder compiled. Each only where it won.
+
+Measured on H200s with the full checkpoint (docs/benchmarks.md, eighth session; A4 page,
+1,000 tokens, concurrency 256, bf16 KV cache with FlashAttention 3). 128-token KV blocks
+together with the encoder's transformer stack under torch.compile, against vLLM's defaults,
+one server after the other on the same GPU, in both orders: 7.58 against 7.25 and 7.83
+against 7.31 pages/s (+4% and +7%). On two more machines, servers side by side on their two
+GPUs: 7.09-7.69 against 6.84-6.91, and 7.26-7.38 against 7.14-7.22. Every such run beat
+every default run of its machine. Alone, 128-token blocks had given +3.3%, inside the noise
+(seventh session).
+
+Where it was not measured, vLLM's defaults stay:
+- fp8 KV cache: the launcher picks FlashInfer there (ocr_bundle.attention), which takes
+  blocks of at most 64 tokens on Hopper; 64 gave +1.6%, inside the noise.
+- GPUs other than Hopper: other attention kernels, other block constraints.
+- vLLM's CPU backend: the bundle's encoder patch does not apply to its vLLM.
+
+The compiled encoder costs one build, inside the engine, when it encodes its first image:
+15-44 s on an H200. start_optimized.sh sends a warm-up page per engine (ocr_bundle.warmup)
+before it reports the server ready, so users never wait for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ocr_bundle import attention
+from ocr_bundle.attention import AttentionChoice, GpuFacts
+from ocr_bundle.vllm_patches import COMPILE_ENV
+
+COMPILE_CHOICES = ("auto", "on", "off")
+BLOCK_SIZE = 128  # tokens per KV-cache block; FlashAttention takes any multiple of 16
+
+
+@dataclass(frozen=True)
+class Tuning:
+    flags: list[str] = field(default_factory=list)  # vLLM arguments
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # one line each, printed by the launcher
+
+
+def in_passthrough(passthrough: Sequence[str], flag: str) -> bool:
+    return any(arg.split("=", 1)[0] == flag for arg in passthrough)
+
+
+def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: Sequence[str],
+           facts: GpuFacts, attention_choice: AttentionChoice | None, environ: Mapping[str, str]) -> Tuning:
+    if device != "cuda":
+        return Tuning()
+    # The measured setting: bf16 KV cache, FlashAttention (vLLM's default on Hopper, or asked for).
+    flash_attention = (attention_choice is not None and attention_choice.vllm_backend in (None, "FLASH_ATTN")
+                       and not attention.set_in_passthrough(passthrough))  # None: vLLM's default, FA3 on Hopper
+    measured = kv_cache_dtype == "auto" and facts.hopper and flash_attention
+    unmeasured = ("not measured with an fp8 KV cache" if kv_cache_dtype != "auto"
+                  else "not measured on these GPUs" if not facts.hopper
+                  else "not measured with this attention backend")
+    flags, env, notes = [], {}, []
+
+    if in_passthrough(passthrough, "--block-size"):
+        notes.append("KV block size: as set after --")
+    elif measured:
+        flags += ["--block-size", str(BLOCK_SIZE)]
+        notes.append(f"KV block size: {BLOCK_SIZE} tokens (with the compiled encoder, +4-7% pages/s on H200)")
+    else:
+        notes.append(f"KV block size: vLLM's default ({BLOCK_SIZE} tokens {unmeasured})")
+
+    if COMPILE_ENV in environ:
+        notes.append(f"vision encoder: {COMPILE_ENV}={environ[COMPILE_ENV]}, as set in the environment")
+    elif compile_encoder == "on" or (compile_encoder == "auto" and measured):
+        env[COMPILE_ENV] = "1"
+        notes.append("vision encoder: compiled with torch.compile when it encodes its first image (15-45 s, once "
+                     "per start; start_optimized.sh does it before saying ready)")
+    else:
+        env[COMPILE_ENV] = "0"
+        notes.append("vision encoder: eager" + ("" if compile_encoder == "off" else f" (torch.compile {unmeasured})"))
+    return Tuning(flags, env, notes)

@@ -1,0 +1,54 @@
+"""ocr_bundle.tuning: 128-token KV blocks and the compiled encoder, only where they were measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from ocr_bundle import attention, tuning
+from ocr_bundle.vllm_patches import COMPILE_ENV
+
+H200 = attention.GpuFacts(("9.0",), flashinfer_installed=True, nvcc="/usr/local/cuda/bin/nvcc")
+A100 = attention.GpuFacts(("8.0",), flashinfer_installed=True, nvcc="/usr/local/cuda/bin/nvcc")
+
+
+def tune(compile_encoder="auto", kv="auto", device="cuda", passthrough=(), facts=H200, environ=None):
+    environ = environ or {}
+    chosen = (attention.choose("auto", kv, device, passthrough, facts, environ)
+              if device == "cuda" else None)
+    return tuning.choose(compile_encoder, kv, device, passthrough, facts, chosen, environ)
+
+
+def test_the_measured_setting_gets_both():
+    tuned = tune()
+    assert tuned.flags == ["--block-size", "128"]
+    assert tuned.env == {COMPILE_ENV: "1"}
+    assert tuned.notes[0].startswith("KV block size: 128 tokens") and "compiled with torch.compile" in tuned.notes[1]
+    # FlashAttention asked for by name is the same kernels.
+    asked = tuning.choose("auto", "auto", "cuda", (), H200, attention.AttentionChoice("FLASH_ATTN", "asked"), {})
+    assert asked.flags == ["--block-size", "128"]
+
+
+@pytest.mark.parametrize("case, why", [
+    (dict(kv="fp8"), "not measured with an fp8 KV cache"),  # FlashInfer: blocks of at most 64 on Hopper
+    (dict(facts=A100), "not measured on these GPUs"),
+    (dict(passthrough=("--attention-backend", "TRITON_ATTN")), "not measured with this attention backend"),
+])
+def test_elsewhere_vllms_defaults_stay_and_the_notes_say_why(case, why):
+    tuned = tune(**case)
+    assert "--block-size" not in tuned.flags
+    assert tuned.env == {COMPILE_ENV: "0"}
+    assert all(why in note for note in tuned.notes)
+
+
+def test_the_users_own_settings_win():
+    assert tune(passthrough=("--block-size", "32")).flags == []
+    assert tune(passthrough=("--block-size=32",)).notes[0] == "KV block size: as set after --"
+    kept = tune(environ={COMPILE_ENV: "0"})
+    assert COMPILE_ENV not in kept.env and f"{COMPILE_ENV}=0, as set in the environment" in kept.notes[1]
+    assert tune("off").env == {COMPILE_ENV: "0"} and tune("off").notes[1] == "vision encoder: eager"
+    forced = tune("on", kv="fp8")
+    assert forced.env == {COMPILE_ENV: "1"} and forced.flags == []  # the compile only; blocks stay vLLM's
+
+
+def test_the_cpu_backend_is_left_alone():
+    assert tune(device="cpu", facts=attention.GpuFacts()) == tuning.Tuning()
