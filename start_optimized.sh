@@ -18,7 +18,8 @@
 #   PYTHON         interpreter with vLLM (default: python3 if it has vLLM; without a GPU the CPU
 #                  environment from scripts/setup_cpu_env.sh, built on first use)
 #   RUN_DIR        PID files and logs (default ./run)
-#   STARTUP_TIMEOUT seconds to wait for vLLM's /health (default 900: first GPU start compiles)
+#   STARTUP_TIMEOUT seconds to wait for vLLM's /health, then for its warm-up page (default 900: a first GPU
+#                  start builds kernels and compiles the vision encoder)
 #   DATA_PARALLEL_SIZE  engine replicas on this machine (default auto: one per visible GPU,
 #                  CUDA_VISIBLE_DEVICES respected; 1 keeps one GPU)
 #   NODES, NODE_RANK, HEAD_ADDRESS  several machines behind the head's one endpoint (vLLM data
@@ -173,6 +174,11 @@ say "starting vLLM ($MODEL) on $HOST:$PORT; log: $RUN_DIR/vllm.log"
 launch vllm "$PYTHON" "$ROOT/start_vllm_server.py" --model "$MODEL" --host "$HOST" --port "$PORT" "$@"
 (( NODES > 1 )) && say "waiting for the replicas of all $NODES nodes to join (start the others with NODE_RANK=1..)"
 wait_ready vllm "http://$(local_address "$HOST"):$PORT/health" "$STARTUP_TIMEOUT"
+# /health answers before the engines have read a page; a first page pays one-time costs (on a
+# GPU, compiling the vision encoder: 15-45 s). Pay them now, one page per engine.
+say "warming up: one page per engine$([[ $has_gpu == true ]] && echo ' (on a GPU this compiles the vision encoder)')"
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ocr_bundle.warmup --url "http://$(local_address "$HOST"):$PORT" \
+  --timeout "$STARTUP_TIMEOUT" | sed 's/^/[start] /' || die "vLLM answers /health but cannot read a page (see above)"
 say "vLLM is ready (PID $(service_pid vllm)); $(grep -m1 -oE 'serving on [0-9]+ GPUs?: [a-z ]+[0-9]*|node 0 of [0-9]+.*' "$RUN_DIR/vllm.log" || echo 'one engine')"
 grep -m1 "WARNING: the data-parallel RPC port" "$RUN_DIR/vllm.log" >&2 || true
 

@@ -234,6 +234,15 @@ def parse_prometheus(text: str, wanted: dict[str, Callable] = VLLM_GAUGES) -> di
     return values
 
 
+def engine_count(text: str) -> int:
+    """How many engines a vLLM server's /metrics reports: the values of the `engine` label on
+    its running-requests gauge, one per data-parallel replica (remote nodes' included). At
+    least 1: a server without the label runs one engine."""
+    engines = {sample.labels.get("engine") for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name == "vllm:num_requests_running"}
+    return max(1, len(engines - {None}))
+
+
 def vllm_metrics_probe(base_url: str, headers: dict[str, str] | None = None, timeout: float = 2.0) -> Probe:
     session = requests.Session()
     if headers:

@@ -57,6 +57,9 @@ def test_start_health_page_stop_cycle(lifecycle_env):
         assert f"Page:      http://127.0.0.1:{env['UI_PORT']}" in started.stdout
         assert f"vLLM API:  http://127.0.0.1:{env['PORT']}/v1" in started.stdout
         assert "random text" in started.stdout  # says plainly this is not real OCR
+        # Ready means a page went through the engine, not only that /health answered.
+        assert "[start] warm-up: 1 page (one per engine) in " in started.stdout
+        assert started.stdout.index("warm-up: 1 page") < started.stdout.index("vLLM is ready")
         vllm, ui_service = read_pid_file(run_dir / "vllm.pid"), read_pid_file(run_dir / "ui.pid")
         vllm_pid, ui_pid = vllm.pid, ui_service.pid
         # The PID file holds the start time too: what proves later that the PID is still ours.

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ocr_bundle.pollers import PeriodicPoller, devices_in_use, open_gpu_probe, parse_prometheus
+from ocr_bundle.pollers import PeriodicPoller, devices_in_use, engine_count, open_gpu_probe, parse_prometheus
 
 MIB = 2**20
 
@@ -117,6 +117,9 @@ vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"}
     assert parse_prometheus(text) == {"vllm:kv_cache_usage_perc": 0.5, "vllm:num_requests_running": 7.0,
                                       "vllm:num_requests_waiting": 1.0}
     assert parse_prometheus('vllm:gpu_cache_usage_perc{a="b"} 0.1') == {"vllm:kv_cache_usage_perc": 0.1}
+    assert engine_count(text) == 2  # the data-parallel replicas the warm-up sends a page to
+    assert engine_count('vllm:num_requests_running{model_name="m"} 0.0') == 1
+    assert engine_count("") == 1
 
 
 def test_only_the_devices_in_use_are_measured():
