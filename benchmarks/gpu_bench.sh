@@ -23,6 +23,9 @@
 #   FLASHINFER=1 FLASHINFER_SAMPLER=0 bash benchmarks/gpu_bench.sh serve NAME --attention-backend flashinfer
 # (The sixth session asked through vLLM's own flag after --, and this script then exported the
 # XQA gate, VLLM_HAS_FLASHINFER_CUBIN=1, itself; since the seventh the launcher sets it.)
+# serve starts the launcher's defaults: since the eighth session, on an H200 with a bf16 KV cache, the
+# compiled encoder and 128-token KV blocks (ocr_bundle/tuning.py). vLLM's own defaults, the
+# earlier sessions' baseline: serve NAME --compile-encoder off -- --block-size 16
 # READY_TIMEOUT (seconds, default 540) bounds serve's wait for /health. hostprofile reads PYSPY
 # (default /root/site-tools/bin/py-spy, staged by benchmarks/stage_tools.sh), REQUESTS (8),
 # PROFILE_DELAY (6 s after the client starts) and PROFILE_S (10 s of recording).

@@ -24,11 +24,13 @@ Anything else (a newer vLLM that packs by itself, a patched 0.26 build) runs as 
 and one log line says why. `OCR_BUNDLE_VLLM_PATCHES=off` switches it off; an error raised
 inside the patched code says so.
 
-Optional, with the patch: `OCR_BUNDLE_COMPILE_ENCODER=1` runs the encoder's 24-layer
-transformer stack under torch.compile (Inductor), which vLLM 0.26 does not do for Pixtral
-(its encoder does not opt in to `compile_mm_encoder`). It compiles once, on the first
-image the engine encodes, with the patch count dynamic so pages of other sizes reuse the
-code; if compiling fails, one log line says so and the encoder runs eagerly.
+With the patch, `OCR_BUNDLE_COMPILE_ENCODER=1` runs the encoder's 24-layer transformer
+stack under torch.compile (Inductor), which vLLM 0.26 does not do for Pixtral (its encoder
+does not opt in to `compile_mm_encoder`). The launcher sets it where it was measured to win
+(ocr_bundle.tuning). It compiles once, on the first image the engine encodes, with the patch
+count dynamic so pages of other sizes reuse the code; if compiling fails, one log line says
+so and the encoder runs eagerly. Without the patch the variable has no effect, and the
+patch's log line says so.
 
 How it reaches every process: start_vllm_server.py runs vLLM through
 `python -m ocr_bundle.vllm_serve`, which calls `apply()` at import time. Forked vLLM
@@ -48,7 +50,7 @@ from dataclasses import dataclass
 UPSTREAM_FIX = "vllm-project/vllm#52185"
 # Set to "off" to run vLLM unpatched (the benchmarks' before/after comparison).
 DISABLE_ENV = "OCR_BUNDLE_VLLM_PATCHES"
-# Set to "1" to compile the patched encoder's transformer stack (docs/benchmarks.md measures it).
+# "1" compiles the patched encoder's transformer stack (set by the launcher: ocr_bundle.tuning).
 COMPILE_ENV = "OCR_BUNDLE_COMPILE_ENCODER"
 # vLLM version -> fingerprint of the Pixtral methods the patch replaces, as proven there.
 VERIFIED = {"0.26.0": "38e27c21636a6f22"}
@@ -186,7 +188,7 @@ def apply() -> str:
         fingerprint = source_fingerprint(source.read())
     reason = decide(vllm.__version__, fingerprint, hasattr(pixtral, "MMEncoderAttention"))
     if reason is not None:
-        _applied = reason
+        _applied = reason + (f"; {COMPILE_ENV}=1 has no effect without it" if compile_encoder_requested() else "")
     else:
         try:
             compile_encoder = compile_encoder_requested()

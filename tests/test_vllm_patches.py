@@ -85,6 +85,15 @@ def test_an_error_inside_patched_code_names_the_switch():
     assert "OCR_BUNDLE_VLLM_PATCHES=off runs vLLM as shipped" in caught.value.__notes__[0]
 
 
+def test_compiling_the_encoder_without_the_patch_is_said_to_do_nothing():
+    result = run_python("from ocr_bundle import vllm_patches; print(vllm_patches.apply())",
+                        OCR_BUNDLE_COMPILE_ENCODER="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    status = result.stdout.strip().splitlines()[-1]
+    assert status.startswith("not applied: vLLM 0.32.0")
+    assert status.endswith("; OCR_BUNDLE_COMPILE_ENCODER=1 has no effect without it")
+
+
 def test_patch_can_be_switched_off_for_before_after_runs():
     result = run_python("from ocr_bundle import vllm_patches; print(vllm_patches.apply())",
                         OCR_BUNDLE_VLLM_PATCHES="off")
