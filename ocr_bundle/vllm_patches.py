@@ -97,10 +97,10 @@ def compile_encoder_requested(environ=os.environ) -> bool:
 class CompiledOrEager:
     """Calls a module through torch.compile, or eagerly once compiling it has failed.
 
-    torch.compile works on the first call (the Pixtral encoder's stack: ~17 s of Inductor on
-    an H200). Shapes are dynamic from the start: a page of another size, or several images
-    packed into one call, changes the patch count, and a static compile would build again,
-    ~17 s in the middle of serving, for each new count. If Dynamo or Inductor raises, the
+    torch.compile builds on the first call (the Pixtral encoder's stack: 15-45 s in an H200
+    server's engine, docs/benchmarks.md). Shapes are dynamic from the start: a page of another
+    size, or several images packed into one call, changes the patch count, and a static
+    compile would build again, in the middle of serving, for each new count. If Dynamo or Inductor raises, the
     failure is logged once and the module runs eagerly from then on: a slower encoder beats an
     engine that cannot encode.
     """
