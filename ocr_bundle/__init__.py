@@ -17,6 +17,10 @@ and the start/stop scripts:
 - files:        atomic writes (never half a file, even after SIGKILL)
 - processes:    PID files with start times, readiness waits, group stops (shell, tests, GPU driver)
 - scaleout:     vLLM data parallelism: replicas per node, head and headless workers
+- attention, tuning: the launcher's GPU choices beyond vLLM's defaults, each where it was
+                measured to win (attention kernels; KV block size, compiled vision encoder)
+- warmup:       one page per engine before the start script says the server is ready
 - vllm_patches, vllm_serve: the fix the launcher applies to vLLM 0.26.0 (packed vision-encoder
-                attention) and the wrapper that starts vLLM with it in every process
+                attention, optionally compiled) and the wrapper that starts vLLM with it in
+                every process
 """

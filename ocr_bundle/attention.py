@@ -64,10 +64,15 @@ class AttentionChoice:
         return ["--attention-backend", self.vllm_backend] if self.vllm_backend else []
 
 
+def passthrough_sets(passthrough: Sequence[str], *flags: str) -> bool:
+    """Whether the vLLM flags after -- include one of `flags` (as `--flag value` or `--flag=value`)."""
+    return any(arg.split("=", 1)[0] in flags for arg in passthrough)
+
+
 def set_in_passthrough(passthrough: Sequence[str]) -> bool:
     """Whether the vLLM flags after -- already choose attention (then they decide)."""
-    return any(arg.split("=", 1)[0] in ("--attention-backend", "--attention-config")
-               or arg.startswith("--attention-config.") for arg in passthrough)
+    return (passthrough_sets(passthrough, "--attention-backend", "--attention-config")
+            or any(arg.startswith("--attention-config.") for arg in passthrough))
 
 
 def choose(requested: str, kv_cache_dtype: str, device: str, passthrough: Sequence[str],

@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ocr_bundle import attention
-from ocr_bundle.attention import AttentionChoice, GpuFacts
 from ocr_bundle.vllm_patches import COMPILE_ENV
 
 COMPILE_CHOICES = ("auto", "on", "off")
@@ -41,12 +40,8 @@ class Tuning:
     notes: list[str] = field(default_factory=list)  # one line each, printed by the launcher
 
 
-def in_passthrough(passthrough: Sequence[str], flag: str) -> bool:
-    return any(arg.split("=", 1)[0] == flag for arg in passthrough)
-
-
 def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: Sequence[str],
-           facts: GpuFacts, attention_choice: AttentionChoice | None, environ: Mapping[str, str]) -> Tuning:
+           facts: attention.GpuFacts, attention_choice: attention.AttentionChoice | None, environ: Mapping[str, str]) -> Tuning:
     if device != "cuda":
         return Tuning()
     # The measured setting: bf16 KV cache, FlashAttention (vLLM's default on Hopper, or asked for).
@@ -58,7 +53,7 @@ def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: 
                   else "not measured with this attention backend")
     flags, env, notes = [], {}, []
 
-    if in_passthrough(passthrough, "--block-size"):
+    if attention.passthrough_sets(passthrough, "--block-size"):
         notes.append("KV block size: as set after --")
     elif measured:
         flags += ["--block-size", str(BLOCK_SIZE)]
