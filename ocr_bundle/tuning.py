@@ -41,7 +41,8 @@ class Tuning:
 
 
 def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: Sequence[str],
-           facts: attention.GpuFacts, attention_choice: attention.AttentionChoice | None, environ: Mapping[str, str]) -> Tuning:
+           facts: attention.GpuFacts, attention_choice: attention.AttentionChoice | None,
+           environ: Mapping[str, str]) -> Tuning:
     if device != "cuda":
         return Tuning()
     # The measured setting: bf16 KV cache, FlashAttention (vLLM's default on Hopper, or asked for).
