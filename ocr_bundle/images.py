@@ -49,12 +49,18 @@ def is_pdf(data: bytes) -> bool:
     return data[:1024].lstrip().startswith(b"%PDF-")
 
 
+def megabytes(n_bytes: float) -> str:
+    """A size in MB (10^6 bytes, as every size limit of the bundle counts), never rounded to 0."""
+    mb = n_bytes / 1e6
+    return f"{mb:.1f} MB" if mb >= 10 else f"{mb:.3g} MB"
+
+
 def check_size(n_bytes: int, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
     """Refuse empty and oversized uploads; callers with a path check before reading the file."""
     if n_bytes == 0:
         raise InputError("The file is empty (0 bytes).")
     if n_bytes > max_bytes:
-        raise InputError(f"The file is {n_bytes / 1e6:.1f} MB; the limit is {max_bytes / 1e6:.0f} MB.")
+        raise InputError(f"The file is {megabytes(n_bytes)}; the limit is {megabytes(max_bytes)}.")
 
 
 def check_upload_size(data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
@@ -66,11 +72,19 @@ def check_upload_size(data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
 _PILLOW_LIMIT_LOCK = threading.Lock()
 
 
-def _header_size_past_pillow_limit(data: bytes) -> tuple[int, int]:
+ImageSource = bytes | Path
+
+
+def _readable(source: ImageSource):
+    # A path is read by Pillow as needed: a 500-page TIFF is never held in memory whole.
+    return source if isinstance(source, Path) else io.BytesIO(source)
+
+
+def _header_size_past_pillow_limit(source: ImageSource) -> tuple[int, int]:
     with _PILLOW_LIMIT_LOCK:
         saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
         try:
-            with Image.open(io.BytesIO(data)) as image:  # the header only: no pixel is decoded
+            with Image.open(_readable(source)) as image:  # the header only: no pixel is decoded
                 return image.size
         finally:
             Image.MAX_IMAGE_PIXELS = saved
@@ -81,25 +95,29 @@ def _too_many_pixels(width: int, height: int, max_pixels: int) -> InputError:
                       f"the limit is {max_pixels / 1e6:.0f} MP. Downscale it first.")
 
 
-def _open_image(data: bytes, max_pixels: int) -> Image.Image:
+def _open_image(source: ImageSource, max_pixels: int) -> Image.Image:
     """Open an image lazily, refusing bombs from the header alone."""
     try:
         with warnings.catch_warnings():
             # PIL warns (and errors at 2x) above its own global limit; ours is explicit.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            image = Image.open(_readable(source))
     except Image.DecompressionBombError as exc:
-        raise _too_many_pixels(*_header_size_past_pillow_limit(data), max_pixels) from exc
+        raise _too_many_pixels(*_header_size_past_pillow_limit(source), max_pixels) from exc
     except UnidentifiedImageError as exc:
         raise InputError("This file is not an image or PDF that can be read (unknown format).") from exc
     except OSError as exc:
         raise InputError(f"The image could not be read: {exc}.") from exc
+    _check_pixels(image, max_pixels)
+    return image
+
+
+def _check_pixels(image: Image.Image, max_pixels: int) -> None:
     width, height = image.size
     if width < 1 or height < 1:
         raise InputError("The image has no pixels.")
     if width * height > max_pixels:
         raise _too_many_pixels(width, height, max_pixels)
-    return image
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
@@ -161,9 +179,9 @@ def prepare_pil_image(
     longest_edge: int = TARGET_LONGEST_EDGE,
 ) -> PreparedImage:
     """Orient, convert to RGB, downscale and encode an already-open image."""
+    # An animated GIF/WebP is one page: its first frame, where Image.open leaves it. A
+    # multi-page TIFF is a document: callers seek to the frame they want (tiff_page).
     original_width, original_height = image.size
-    if getattr(image, "is_animated", False):
-        image.seek(0)  # animated GIF/WebP, multi-page TIFF: the first frame is the page
     if image.format == "JPEG":
         # Let libjpeg decode at 1/2, 1/4, 1/8 scale when the page is far larger than needed.
         image.draft("RGB", fit_longest_edge(*image.size, longest_edge))
@@ -288,3 +306,36 @@ def prepare_upload(
     if is_pdf(data):
         return render_pdf_page(data, page_number, fmt, max_bytes=max_bytes)
     return prepare_image_bytes(data, fmt, max_bytes=max_bytes)
+
+
+# ---------------------------------------------------------------- multi-page TIFFs
+
+
+def tiff_page_count(path: Path) -> int:
+    """Pages (frames) of a TIFF file; 1 for any other image, or one Pillow cannot identify
+    (preparing its page will say why)."""
+    try:
+        with Image.open(path) as image:
+            return getattr(image, "n_frames", 1) if image.format == "TIFF" else 1
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return 1
+
+
+def tiff_page(
+    path: Path,
+    page_number: int,
+    fmt: str = "PNG",
+    longest_edge: int = TARGET_LONGEST_EDGE,
+    max_pixels: int = MAX_IMAGE_PIXELS,
+) -> PreparedImage:
+    """One page (1-based frame) of a multi-page TIFF, prepared like any image."""
+    with _open_image(path, max_pixels) as image:
+        count = getattr(image, "n_frames", 1)
+        if not 1 <= page_number <= count:
+            raise InputError(f"Page {page_number} does not exist: the TIFF has {count} page(s).")
+        try:
+            image.seek(page_number - 1)
+        except (OSError, EOFError, ValueError) as exc:
+            raise InputError(f"Page {page_number} of the TIFF cannot be read ({exc}).") from exc
+        _check_pixels(image, max_pixels)  # each frame has its own size
+        return prepare_pil_image(image, fmt, longest_edge)
