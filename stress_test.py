@@ -35,7 +35,7 @@ import time
 import warnings
 from pathlib import Path
 
-from ocr_bundle.client import OcrClient
+from ocr_bundle.client import ServerUnusable, connect
 from ocr_bundle.images import (
     MAX_PDF_PAGES_AT_ONCE,
     InputError,
@@ -192,17 +192,12 @@ def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, a
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    client = OcrClient(args.url, api_key=args.api_key, model=args.model, read_timeout=args.timeout)
-
-    status = client.status()
-    if not status.reachable:
-        print(f"error: cannot use the vLLM server at {client.base_url}: {status.error}", file=sys.stderr)
+    try:
+        client, status = connect(args.url, args.api_key, args.model, read_timeout=args.timeout)
+    except ServerUnusable as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    model = args.model or (status.models[0] if status.models else None)
-    if not model:
-        print("error: the server lists no model; pass --model", file=sys.stderr)
-        return 2
-    client = OcrClient(args.url, api_key=args.api_key, model=model, read_timeout=args.timeout)
+    model = client.model()
     try:
         paths = find_images(args.images)
     except FileNotFoundError as exc:

@@ -39,10 +39,15 @@ class OcrError(Exception):
     kind: "connection" | "timeout" | "http" | "bad_response" | "input"
     """
 
-    def __init__(self, message: str, kind: str, status: int | None = None):
+    def __init__(self, message: str, kind: str, status: int | None = None, retry_after_s: float | None = None):
         super().__init__(message)
         self.kind = kind
         self.status = status
+        self.retry_after_s = retry_after_s  # the server's Retry-After (429, 503), in seconds
+
+
+class ServerUnusable(Exception):
+    """The server cannot serve this run (unreachable, no such model); the message says why."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,19 @@ def base_url_from_env(url: str | None = None) -> str:
 
 def api_key_from_env(api_key: str | None = None) -> str | None:
     return api_key or os.environ.get(ENV_API_KEY) or None
+
+
+def retry_after_s(response: requests.Response) -> float | None:
+    """Retry-After in seconds (the delta form; an HTTP date is ignored)."""
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "")))
+    except ValueError:
+        return None
+
+
+def http_error(response: requests.Response) -> OcrError:
+    return OcrError(explain_http_error(response.status_code, error_message_from_response(response)), "http",
+                    response.status_code, retry_after_s(response))
 
 
 def error_message_from_response(response: requests.Response) -> str:
@@ -257,8 +275,7 @@ class OcrClient:
             raise OcrError(_transport_message(exc, self.base_url), _transport_kind(exc)) from exc
         with response:
             if response.status_code != 200:
-                message = error_message_from_response(response)
-                raise OcrError(explain_http_error(response.status_code, message), "http", response.status_code)
+                raise http_error(response)
             yield from self._read_stream(response, start, max_tokens, total_timeout)
 
     def complete_body(self, body: bytes, max_tokens: int, session: requests.Session | None = None) -> OcrResult:
@@ -271,8 +288,7 @@ class OcrClient:
         except requests.RequestException as exc:
             raise OcrError(_transport_message(exc, self.base_url), _transport_kind(exc)) from exc
         if response.status_code != 200:
-            message = error_message_from_response(response)
-            raise OcrError(explain_http_error(response.status_code, message), "http", response.status_code)
+            raise http_error(response)
         try:
             data = response.json()
             choice = data["choices"][0]
@@ -351,6 +367,26 @@ class OcrClient:
                 final = event
         assert final is not None  # stream_ocr always ends with a result or raises
         return final
+
+
+def connect(url: str | None, api_key: str | None, model: str | None,
+            read_timeout: float = READ_TIMEOUT_S) -> tuple[OcrClient, ServerStatus]:
+    """A client for the model the run asks for, after one probe of the server: the model
+    given (which the server must list; a typo would otherwise fail every page with a 404)
+    or the first one it serves. Raises ServerUnusable with a message for people.
+    Shared by the batch converter and the stress test."""
+    client = OcrClient(url, api_key=api_key, model=model, read_timeout=read_timeout)
+    status = client.status()
+    if not status.reachable:
+        raise ServerUnusable(f"cannot use the vLLM server at {client.base_url}: {status.error}")
+    if not status.models:
+        raise ServerUnusable(f"the vLLM server at {client.base_url} lists no model")
+    if model and model not in status.models:
+        raise ServerUnusable(f"the vLLM server at {client.base_url} does not serve the model {model!r}; it serves "
+                             + ", ".join(repr(m) for m in status.models)
+                             + f" (pass one to --model or {ENV_MODEL}, or leave it out for the first)")
+    chosen = model or status.models[0]
+    return OcrClient(url, api_key=api_key, model=chosen, read_timeout=read_timeout), status
 
 
 def _is_timeout(exc: requests.RequestException) -> bool:
