@@ -7,25 +7,30 @@
     python batch_ocr.py scans/ --concurrency 256            # a dedicated GPU: more pages in flight
     python batch_ocr.py scans/ --quiet >> convert.log       # log lines instead of a progress bar
 
-Per input document, a folder in --out with pages/0001.md… (one Markdown file per page),
-the assembled <name>.md and manifest.json (per page: status, attempts, finish_reason,
-tokens, latency, image size, error); and run-summary.json for the run. Pages are prepared
-like the page and the stress test do it (200 DPI, longest edge 1540 px, EXIF orientation,
-RGB), in worker processes, while up to --concurrency requests are in flight.
+Per input file, a folder in --out named like it (scans/a.pdf → OUT/scans/a.pdf/) with
+pages/0001.md… (one Markdown file per page), the assembled <name>.md and manifest.json
+(per page: status, attempts, finish_reason, tokens, latency, image size, error); and
+run-summary.json for the run. PDFs and multi-page TIFFs are documents of many pages, any
+other image one page. Pages are prepared like the page and the stress test do it (200 DPI,
+longest edge 1540 px, EXIF orientation, RGB), in worker processes, while up to
+--concurrency requests are in flight.
 
-Rerun the same command to resume: pages already done are skipped; a changed file or
-changed settings (model, --max-tokens, --dpi, --encoding) are converted again; --force
-redoes everything. Ctrl-C stops admitting pages, lets pages in flight finish (up to
---drain-timeout), writes everything and exits 130; a second Ctrl-C exits at once. Nothing
-written is ever half a file, even after a kill.
+Rerun the same command to resume: pages already done are skipped; pages of a changed file
+or done under other settings (model, --max-tokens, --dpi, --encoding) are converted again,
+and --force converts every page again. Finished work is never thrown away: an earlier
+page stays (marked in <name>.md) until its new conversion succeeds, and a file that
+cannot be read on a rerun keeps its output. Ctrl-C stops admitting pages, lets pages in
+flight finish (up to --drain-timeout), writes everything and exits 130; a second Ctrl-C
+exits at once. Nothing written is ever half a file, even after a kill or a power cut.
 
 A reply cut at max_tokens or ending in a loop is retried at a higher temperature
 (0.2, 0.4, 0.6, 0.8 with --max-attempts 4); the best attempt is kept and the page flagged
 in its manifest if none finished cleanly.
 
-Exit status: 0 every page converted; 1 failed pages (or unreadable files) above
---max-failed-rate, or the server went away; 2 the run cannot start (no server, no inputs,
-output not writable); 130 interrupted. Precedence: flags > environment (VLLM_URL,
+Exit status: 0 every page converted; 1 a page still pending at the end (the server went
+away, a page in flight past --drain-timeout), or failed pages and unreadable files above
+--max-failed-rate; 2 the run cannot start (no server, a model it does not serve, no
+inputs, output not writable); 130 interrupted. Precedence: flags > environment (VLLM_URL,
 VLLM_API_KEY, VLLM_MODEL) > defaults.
 """
 
@@ -41,11 +46,12 @@ from pathlib import Path
 
 from ocr_bundle.batch import BatchConverter, BatchOptions, Document, Progress, scan
 from ocr_bundle.batch_report import run_summary, summary_lines
-from ocr_bundle.client import OcrClient
+from ocr_bundle.client import OcrClient, ServerStatus, ServerUnusable, connect
 from ocr_bundle.files import atomic_write_json
-from ocr_bundle.inputs import InputNotFound, discover, parse_page_ranges
+from ocr_bundle.inputs import InputFile, InputNotFound, discover, parse_page_ranges
 from ocr_bundle.interrupts import GracefulInterrupt
 from ocr_bundle.manifest import ConversionSettings
+from ocr_bundle.render_pool import RenderPool
 from ocr_bundle.settings import (
     MAX_OUTPUT_TOKENS,
     PDF_RENDER_DPI,
@@ -63,6 +69,13 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
     return value
 
 
@@ -97,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"PDF rendering resolution (default {PDF_RENDER_DPI}; the longest edge is capped at "
                              f"{TARGET_LONGEST_EDGE} px either way)")
     parser.add_argument("--encoding", choices=("PNG", "JPEG"), default="PNG", help="page encoding sent (default PNG)")
-    parser.add_argument("--max-file-mb", type=float, default=1024,
-                        help="skip files larger than this (default 1024)")
+    parser.add_argument("--max-file-mb", type=positive_float, default=1024,
+                        help="skip files larger than this many MB (10^6 bytes; default 1024)")
     parser.add_argument("--force", action="store_true", help="convert every page again, even those already done")
     parser.add_argument("--redo-flagged", action="store_true",
                         help="also convert again the pages flagged in earlier runs (cut or looping)")
@@ -204,36 +217,39 @@ def main(argv: list[str] | None = None) -> int:
     started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if not 0 <= args.max_failed_rate <= 1:
         return fail("--max-failed-rate is a fraction between 0 and 1")
-    if (problem := check_writable(args.out)) is not None:
-        return fail(problem)
     try:
         inputs = discover(args.inputs, recursive=True)
     except InputNotFound as exc:
         return fail(str(exc))
     if not inputs:
         return fail(f"no PDF or image files in {', '.join(args.inputs)}")
-    client = OcrClient(args.url, api_key=args.api_key, model=args.model, read_timeout=args.timeout)
-    status = client.status()
-    if not status.reachable:
-        return fail(f"cannot use the vLLM server at {client.base_url}: {status.error}")
-    model = args.model or (status.models[0] if status.models else None)
-    if not model:
-        return fail("the server lists no model; pass --model")
-    client = OcrClient(args.url, api_key=args.api_key, model=model, read_timeout=args.timeout)
+    try:  # before anything is written: a typo in --model must not touch earlier work
+        client, status = connect(args.url, args.api_key, args.model, read_timeout=args.timeout)
+    except ServerUnusable as exc:
+        return fail(str(exc))
+    if (problem := check_writable(args.out)) is not None:
+        return fail(problem)
     if status.max_model_len and status.max_model_len < PAGE_PROMPT_TOKENS + args.max_tokens:
         print(f"warning: the server's max_model_len {status.max_model_len} leaves ~"
               f"{status.max_model_len - PAGE_PROMPT_TOKENS} output tokens for an A4 page, below --max-tokens "
               f"{args.max_tokens}: long pages will be cut (and flagged)", file=sys.stderr)
 
-    settings = ConversionSettings(model, args.max_tokens, args.dpi, TARGET_LONGEST_EDGE, args.encoding)
+    settings = ConversionSettings(client.model(), args.max_tokens, args.dpi, TARGET_LONGEST_EDGE, args.encoding)
     options = BatchOptions(concurrency=args.concurrency, render_workers=args.render_workers,
                            max_attempts=args.max_attempts, temperature=args.temperature, top_p=TOP_P,
                            max_bytes=int(args.max_file_mb * 1e6), pages=args.pages, force=args.force,
                            redo_flagged=args.redo_flagged, server_wait_s=args.server_wait,
                            drain_s=args.drain_timeout)
+    with RenderPool(args.render_workers) as pool:
+        return convert(args, client, status, settings, options, inputs, pool, started_at)
+
+
+def convert(args: argparse.Namespace, client: OcrClient, status: ServerStatus, settings: ConversionSettings,
+            options: BatchOptions, inputs: list[InputFile], pool: RenderPool, started_at: str) -> int:
+    """Scan, convert, summarise: the run once the server, inputs and output folder are known good."""
     scan_start = time.perf_counter()
     try:
-        documents = scan(inputs, args.out, settings, options)
+        documents = scan(inputs, args.out, settings, options, pool)
     except KeyboardInterrupt:
         print("interrupted while reading the inputs; nothing was converted", file=sys.stderr)
         return 130
@@ -243,13 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     unreadable = [d for d in documents if d.error]
     print(f"{len(documents)} file(s), {in_scope} page(s): {in_scope - todo} done before, {todo} to convert"
           + (f", {len(unreadable)} unreadable" if unreadable else "")
-          + f" (read in {scan_s:.1f} s); server {client.base_url}, model {model}", file=sys.stderr)
+          + f" (read in {scan_s:.1f} s); server {client.base_url}, model {settings.model}", file=sys.stderr)
     for document in documents:
         if document.note and document.todo:
             print(f"  {document.source.relative}: {document.note}", file=sys.stderr)
 
     progress = LogProgress(todo) if args.quiet else BarProgress(todo, in_scope - todo)
-    converter = BatchConverter(client, settings, options, documents, progress)
+    converter = BatchConverter(client, settings, options, documents, pool, progress)
 
     def stop_admitting() -> None:
         progress.message(f"stopping: no new pages; pages in flight get up to {args.drain_timeout:g} s "
@@ -273,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     if ended == "server gone":
         print(f"FAILED: the server stopped answering for {args.server_wait:g} s; everything converted so far is "
               "kept: rerun the same command once it is back", file=sys.stderr)
+        return 1
+    if summary["pages"]["pending"]:
+        print(f"FAILED: {summary['pages']['pending']} page(s) still pending"
+              + (f" ({'; '.join(converter.faults)})" if converter.faults else "")
+              + ": rerun the same command to convert them", file=sys.stderr)
         return 1
     failed_units = summary["pages"]["failed"] + len(summary["unreadable"])
     units = summary["pages"]["in_scope"] + len(summary["unreadable"])

@@ -2,7 +2,7 @@
 
 The pipeline, bounded whatever the input size:
 
-    scan (hash, page counts, what is already done)
+    scan (hash; page counts, in the render pool; what is already done)
       → producer: submits pages in order to the render pool (worker processes), holding at
         most `concurrency + prefetch` prepared pages at a time
       → `concurrency` sender threads: one page each, request → retries → record
@@ -15,7 +15,8 @@ attempt is kept and the page is flagged if none finished cleanly. Transport erro
 answering, senders wait up to `server_wait_s` for it to come back, then the run ends
 with everything done so far kept. `request_stop()` (Ctrl-C) stops admitting pages, lets
 pages in flight finish for `drain_s`, and ends the run; pages not finished stay pending
-and a rerun picks them up.
+and a rerun picks them up. Nothing a thread meets (a crashed renderer, a bug, a full disk)
+ends a sender or the producer silently: the page is failed or left pending, and said so.
 """
 
 from __future__ import annotations
@@ -24,22 +25,25 @@ import json
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import requests
 
 from .client import OcrClient, OcrError, OcrResult, build_chat_request
 from .files import remove_partials
-from .images import InputError, check_size, is_pdf, pdf_page_count
+from .images import InputError, check_size
 from .inputs import InputFile, output_folders, pages_in
-from .manifest import DONE, FAILED, FLAGGED, OK, ConversionSettings, DocumentOutput, file_sha256
-from .render_pool import PageJob, RenderedPage, RenderPool, Ticket
+from .manifest import (DONE, FAILED, FLAGGED, MANIFEST, OK, PAGED_KINDS, ConversionSettings, DocumentOutput,
+                       file_sha256, read_manifest)
+from .render_pool import CountJob, PageJob, RenderedPage, RenderPool
 from .repetition import Repetition, repeated_tail
 
 TEMPERATURE_STEP = 0.2
 MAX_TEMPERATURE = 1.0
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+MAX_RETRY_AFTER_S = 60.0  # a server asking for more than this is waited on in steps of it
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class BatchOptions:
     max_attempts: int = 4
     temperature: float = 0.2
     top_p: float = 0.9
-    max_bytes: int = 1 << 30
+    max_bytes: int = 1024 * 10**6  # --max-file-mb's default, in its unit (10^6 bytes)
     pages: list[tuple[int, int | None]] | None = None  # ocr_bundle.inputs.parse_page_ranges
     force: bool = False
     redo_flagged: bool = False
@@ -72,45 +76,81 @@ class Document:
 
     source: InputFile
     output: DocumentOutput
-    is_pdf: bool
+    kind: str | None  # "pdf", "tiff" (pages) or "image" (one page); None when unreadable
     pages: list[int]  # in scope (--pages), in order
     todo: list[int]  # not done yet
     error: str | None = None  # why the file cannot be read at all
-    note: str | None = None  # why earlier work was not reused
+    note: str | None = None  # why earlier work is not reused as it is
     remaining: int = 0  # pages of `todo` not recorded yet in this run
     touched: bool = False  # a page was recorded in this run
+    recorded: set[int] = field(default_factory=set)  # pages of `todo` recorded in this run
+
+    def pending(self) -> list[int]:
+        """Pages of `todo` this run has not recorded (yet)."""
+        return [page for page in self.todo if page not in self.recorded]
 
 
-def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings,
-         options: BatchOptions) -> list[Document]:
-    """Read what is there to do: content hash, page count, pages already done. Bad files are
-    documents with an error, never exceptions."""
-    folders = output_folders(inputs)
-    documents = []
+def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, options: BatchOptions,
+         pool: RenderPool) -> list[Document]:
+    """Read what is there to do: content hash, page count (counted in the render pool, so a
+    file that crashes its parser fails alone), pages already done. Bad files are documents
+    with an error, never exceptions; a file unreadable now keeps its earlier output."""
+    hashes: dict[Path, str | InputError | OSError] = {}
+    for item in inputs:
+        try:
+            check_size(item.path.stat().st_size, options.max_bytes)
+            hashes[item.path] = file_sha256(item.path)
+        except (InputError, OSError) as exc:
+            hashes[item.path] = exc
+
+    def belongs(item: InputFile, folder: PurePath) -> bool | None:
+        """Does `folder` hold this input's earlier output (its path or its content), another's, or none?"""
+        if not (out_root / folder / MANIFEST).exists():
+            return None
+        earlier = read_manifest(out_root / folder)
+        if earlier is None:
+            return False  # a manifest that cannot be read: not ours to take
+        same_path = earlier.get("source") and Path(earlier["source"]).resolve() == item.path.resolve()
+        return bool(same_path or earlier.get("source_sha256") == hashes[item.path])
+
+    folders = output_folders(inputs, belongs)
+    opened = []
     for item in inputs:
         folder = out_root / folders[item.path]
         remove_partials(folder)  # what a killed run left half-written
-        try:
-            check_size(item.path.stat().st_size, options.max_bytes)
-            sha256 = file_sha256(item.path)
-        except (InputError, OSError) as exc:
-            output = DocumentOutput.unreadable(folder, item.path, settings, _reason(exc))
-            documents.append(Document(item, output, False, [], [], error=output.manifest["error"]))
+        sha256 = hashes[item.path]
+        if not isinstance(sha256, str):
+            error = _reason(sha256)
+            opened.append((item, DocumentOutput.unreadable(folder, item.path, settings, error), None, error))
             continue
-        output, note = DocumentOutput.open(folder, item.path, sha256, settings, options.force)
-        with open(item.path, "rb") as handle:
-            pdf = is_pdf(handle.read(1024))
-        error, count = None, 1
-        if pdf:
-            try:
-                count = pdf_page_count(item.path, options.max_bytes)
-            except InputError as exc:
-                error = str(exc)
-        output.describe("pdf" if pdf else "image", None if error else count, error)
-        pages = [] if error else (pages_in(options.pages, count) if pdf else [1])
-        done = output.done_pages((OK,) if options.redo_flagged else DONE)
+        try:
+            output, note = DocumentOutput.open(folder, item.path, sha256, settings)
+        except OSError as exc:  # the file vanished since it was hashed
+            error = _reason(exc)
+            opened.append((item, DocumentOutput.unreadable(folder, item.path, settings, error), None, error))
+            continue
+        # Counting a PDF's pages runs pdfium: in the pool, all files at once.
+        counting = None if output.known_shape else pool.submit(CountJob(str(item.path), options.max_bytes))
+        opened.append((item, output, note, counting))
+
+    documents = []
+    for item, output, note, counting in opened:
+        if isinstance(counting, str):  # unreadable: `counting` is the reason
+            documents.append(Document(item, output, None, [], [], error=counting))
+            continue
+        if counting is None:
+            (kind, count), error = output.known_shape, None
+        else:
+            counted = pool.result(counting)
+            kind, count, error = counted.kind, counted.page_count, counted.error
+        output.describe(kind, count, error)
+        if error:
+            documents.append(Document(item, output, None, [], [], error=error, note=note))
+            continue
+        pages = pages_in(options.pages, count) if kind in PAGED_KINDS else [1]
+        done = set() if options.force else output.done_pages((OK,) if options.redo_flagged else DONE)
         todo = [page for page in pages if page not in done]
-        documents.append(Document(item, output, pdf, pages, todo, error, note, remaining=len(todo)))
+        documents.append(Document(item, output, kind, pages, todo, None, note, remaining=len(todo)))
     return documents
 
 
@@ -257,8 +297,9 @@ class Progress:
 
 class BatchConverter:
     def __init__(self, client: OcrClient, settings: ConversionSettings, options: BatchOptions,
-                 documents: list[Document], progress: Progress = Progress()):
+                 documents: list[Document], pool: RenderPool, progress: Progress = Progress()):
         self.client = client
+        self.pool = pool
         self.settings = settings
         self.options = options
         self.documents = documents
@@ -274,6 +315,7 @@ class BatchConverter:
         self._senders_left = 0
         self._senders_done = threading.Event()
         self.convert_s = 0.0  # wall time of the conversion itself (after the scan)
+        self.faults: list[str] = []  # what went wrong inside the converter itself (bugs, a full disk)
 
     # ------------------------------------------------------------ control
     def request_stop(self) -> None:
@@ -284,11 +326,9 @@ class BatchConverter:
     def run(self) -> str:
         """Convert every pending page; returns how the run ended: "complete", "interrupted"
         or "server gone"."""
-        todo = sum(len(d.todo) for d in self.documents)
         start = time.perf_counter()
-        if todo:
-            with RenderPool(min(self.options.render_workers, todo)) as pool:
-                self._run_pipeline(pool)
+        if any(d.todo for d in self.documents):
+            self._run_pipeline()
         self.convert_s = time.perf_counter() - start
         for document in self.documents:
             if document.touched or (document.pages and not document.error
@@ -298,11 +338,11 @@ class BatchConverter:
             return "server gone"
         return "interrupted" if self.interrupted else "complete"
 
-    def _run_pipeline(self, pool: RenderPool) -> None:
-        senders = [threading.Thread(target=self._sender, args=(pool,), name=f"sender-{i}", daemon=True)
+    def _run_pipeline(self) -> None:
+        senders = [threading.Thread(target=self._sender, name=f"sender-{i}", daemon=True)
                    for i in range(self.options.concurrency)]
         self._senders_left = len(senders)
-        producer = threading.Thread(target=self._producer, args=(pool,), name="producer", daemon=True)
+        producer = threading.Thread(target=self._producer, name="producer", daemon=True)
         producer.start()
         for sender in senders:
             sender.start()
@@ -319,7 +359,7 @@ class BatchConverter:
                 break  # daemon threads: their pages stay pending, nothing half-written
         self.stopping.set()  # tells a producer still waiting for a slot to stop
 
-    def _producer(self, pool: RenderPool) -> None:
+    def _producer(self) -> None:
         try:
             for document in self.documents:
                 for page in document.todo:
@@ -329,23 +369,31 @@ class BatchConverter:
                     if self.stopping.is_set():
                         self._slots.release()
                         return
-                    job = PageJob(str(document.source.path), page, document.is_pdf, self.settings.encoding,
+                    job = PageJob(str(document.source.path), page, document.kind, self.settings.encoding,
                                   self.settings.dpi, self.settings.longest_edge, self.options.max_bytes)
-                    self._ready.put((document, page, pool.submit(job)))
+                    self._ready.put((document, page, self.pool.submit(job)))
+        except Exception as exc:  # a bug: say so; the pages not handed out stay pending
+            self._fault(f"preparing pages stopped ({type(exc).__name__}: {exc}); the pages not sent yet stay "
+                        "pending")
         finally:
             for _ in range(self.options.concurrency):
                 self._ready.put(None)
 
-    def _sender(self, pool: RenderPool) -> None:
+    def _fault(self, text: str) -> None:
+        with self._lock:
+            self.faults.append(text)
+        self.progress.message(f"internal error: {text}")
+
+    def _sender(self) -> None:
         try:
-            self._send_pages(pool)
+            self._send_pages()
         finally:
             with self._lock:
                 self._senders_left -= 1
                 if self._senders_left == 0:
                     self._senders_done.set()
 
-    def _send_pages(self, pool: RenderPool) -> None:
+    def _send_pages(self) -> None:
         session = self.client.new_session()
         while not self.stopping.is_set():
             try:
@@ -354,19 +402,21 @@ class BatchConverter:
                 continue
             if item is None:
                 return
-            document, page, ticket = item
+            document, page, rendering = item
             try:
                 if not self.stopping.is_set():
-                    self._convert_and_record(document, page, pool, ticket, session)
+                    self._convert_and_record(document, page, rendering, session)
+            except Exception as exc:  # a bug or a full disk: this page stays pending, the sender goes on
+                self._fault(f"{document.source.relative} page {page}: {type(exc).__name__}: {exc}; left pending")
             finally:
                 self._slots.release()
 
     # ------------------------------------------------------------ one page
-    def _convert_and_record(self, document: Document, page: int, pool: RenderPool, ticket: Ticket,
+    def _convert_and_record(self, document: Document, page: int, rendering: Future,
                             session: requests.Session) -> None:
         stats = PageStats()
         waited = time.perf_counter()
-        rendered = pool.result(ticket)
+        rendered = self.pool.result(rendering)
         stats.render_wait_s = time.perf_counter() - waited
         stats.render_wall_s, stats.render_cpu_s = rendered.wall_s, rendered.cpu_s
         cpu = time.thread_time()
@@ -381,7 +431,8 @@ class BatchConverter:
             return
         finally:
             stats.send_cpu_s = time.thread_time() - cpu
-        document.output.record_page(page, record, text)
+        if not document.output.record_page(page, record, text):
+            record = {**record, "error": f"{record['error']} (the text converted earlier is kept)"}
         self._count(document, page, status, record, stats)
 
     def _convert(self, rendered: RenderedPage, session: requests.Session,
@@ -389,13 +440,13 @@ class BatchConverter:
         attempts: list[tuple[Attempt, str]] = []
         for index, temperature in enumerate(self.options.temperatures()):
             if index and self.stopping.is_set():
-                raise PageAbandoned  # its retries were cut short: redone on the next run
+                break  # stopping: the attempts received are kept (flagged, for --redo-flagged)
             body = json.dumps(build_chat_request(self.settings.model, rendered.data_url,
                                                  max_tokens=self.settings.max_tokens, temperature=temperature,
                                                  top_p=self.options.top_p, stream=False)).encode()
             try:
                 result = self._send(body, session, stats)
-            except PageFailed:
+            except (PageFailed, PageAbandoned):
                 if not attempts:
                     raise
                 break  # keep the attempts that did answer
@@ -432,7 +483,8 @@ class BatchConverter:
                     raise PageFailed(f"{exc} (gave up after {retry + 1} tries)") from exc
                 if exc.kind == "connection" and not self.watch.wait_until_back():
                     raise PageAbandoned from exc
-                if self.stopping.wait(BACKOFF_S[min(retry, len(BACKOFF_S) - 1)]):
+                pause = max(BACKOFF_S[min(retry, len(BACKOFF_S) - 1)], min(exc.retry_after_s or 0, MAX_RETRY_AFTER_S))
+                if self.stopping.wait(pause):
                     raise PageAbandoned from exc
         raise AssertionError("unreachable")
 
@@ -447,6 +499,7 @@ class BatchConverter:
             elif status == FLAGGED:
                 self.counts.flags.append({**where, "flag": record["flag"]})
             document.touched = True
+            document.recorded.add(page)
             document.remaining -= 1
             finished = document.remaining == 0
         self.progress.page(status)

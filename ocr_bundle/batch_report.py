@@ -85,6 +85,10 @@ def run_summary(converter: BatchConverter, documents: list[Document], *, started
         "pages_per_s": round(pages_per_s, 3),
         "client": client,
         "unreadable": [{"source": str(d.source.path), "error": d.error} for d in documents if d.error],
+        "pending_pages": [{"source": str(d.source.path), "page": page} for d in documents
+                          for page in d.pending()][:LISTED],
+        "faults": list(converter.faults),
+        "render_crashes": converter.pool.crashes,
         "failed_pages": sorted(counts.failures, key=_where)[:LISTED],
         "flagged_pages": sorted(counts.flags, key=_where)[:LISTED],
     }
@@ -111,6 +115,13 @@ def summary_lines(summary: dict) -> list[str]:
                      f"{client['verdict']}")
     for item in summary["unreadable"]:
         lines.append(f"  unreadable: {item['source']}: {item['error']}")
+    for fault in summary["faults"]:
+        lines.append(f"  internal error: {fault}")
+    if summary["pending_pages"]:
+        shown = summary["pending_pages"][:10]
+        lines.append(f"  pending ({pages['pending']}): " + ", ".join(f"{Path(i['source']).name} page {i['page']}"
+                                                                       for i in shown)
+                     + (" …" if pages["pending"] > len(shown) else ""))
     for item in summary["failed_pages"]:
         lines.append(f"  failed: {item['source']} page {item['page']}: {item['error']}")
     for item in summary["flagged_pages"][:20]:

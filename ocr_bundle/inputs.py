@@ -9,8 +9,9 @@ decides what it is.
 from __future__ import annotations
 
 import glob
+import itertools
 import os
-from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -106,19 +107,46 @@ def pages_in(ranges: list[tuple[int, int | None]] | None, page_count: int) -> li
     return sorted(chosen)
 
 
-def output_folders(inputs: list[InputFile]) -> dict[Path, PurePath]:
-    """Each input's output folder, relative to the output root: its relative path without the
-    suffix (scans/a.pdf → scans/a), or with it where two inputs would share a folder
-    (a.pdf and a.png → a.pdf and a.png), numbered if even that is shared (two files both
-    named x.pdf, given from two folders → x.pdf and x.pdf~2). Deterministic for a given
-    list of inputs."""
-    plain = [(item, item.relative.with_suffix("")) for item in inputs]
-    counts = Counter(folder for _, folder in plain)
+def output_folders(inputs: list[InputFile],
+                   belongs: Callable[[InputFile, PurePath], bool | None] = lambda item, folder: None,
+                   ) -> dict[Path, PurePath]:
+    """Each input's output folder, relative to the output root: its relative path, suffix
+    kept (scans/a.pdf → scans/a.pdf), so that adding a.png beside a.pdf never moves a.pdf's
+    output. Two inputs with the same relative path (both named x.pdf, given from two
+    folders) get x.pdf and x.pdf~2.
+
+    `belongs(item, folder)` says whether a folder already holds that input's output (True),
+    another input's (False) or nothing (None). A folder that holds an input's output stays
+    its folder, whatever else is given this time, and so does a folder of the bundle's
+    earlier naming (scans/a); the others are numbered in path order, skipping folders that
+    hold another input's output. So the same file lands in the same folder, whatever the
+    order of the arguments or the other inputs."""
+    groups: dict[PurePath, list[InputFile]] = {}
+    for item in sorted(inputs, key=lambda i: (i.relative.as_posix(), str(i.path))):
+        groups.setdefault(item.relative, []).append(item)
     folders: dict[Path, PurePath] = {}
-    used: Counter = Counter()
-    for item, folder in plain:
-        if counts[folder] > 1:
-            folder = item.relative
-        used[folder] += 1
-        folders[item.path] = folder if used[folder] == 1 else folder.with_name(f"{folder.name}~{used[folder]}")
+    for relative, items in groups.items():
+        candidates = list(itertools.islice(_numbered(relative), len(items) + 4))
+        if relative.suffix:
+            candidates.append(relative.with_suffix(""))  # the earlier naming: reused, never given anew
+        taken: set[PurePath] = set()
+        unplaced = []
+        for item in items:
+            own = next((f for f in candidates if f not in taken and belongs(item, f)), None)
+            if own is None:
+                unplaced.append(item)
+            else:
+                folders[item.path] = own
+                taken.add(own)
+        for item in unplaced:
+            folder = next(f for f in _numbered(relative) if f not in taken and belongs(item, f) is None)
+            folders[item.path] = folder
+            taken.add(folder)
     return folders
+
+
+def _numbered(relative: PurePath) -> Iterator[PurePath]:
+    """x.pdf, x.pdf~2, x.pdf~3, …"""
+    yield relative
+    for n in itertools.count(2):
+        yield relative.with_name(f"{relative.name}~{n}")

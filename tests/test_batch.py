@@ -74,7 +74,7 @@ def test_mixed_folder_with_a_30_page_pdf_end_to_end(vllm_server, tmp_path: Path)
                  "--concurrency", "8", "--quiet")
     assert done.returncode == 0, done.stdout + done.stderr
     assert server_requests(vllm_server.url) - before == 32  # one request per page, no retries asked for
-    report = out / "report"
+    report = out / "report.pdf"
     pages = sorted((report / "pages").iterdir())
     assert [p.name for p in pages] == [f"{n:04d}.md" for n in range(1, 31)]
     record = manifest(report)
@@ -88,9 +88,9 @@ def test_mixed_folder_with_a_30_page_pdf_end_to_end(vllm_server, tmp_path: Path)
     assert positions == sorted(positions)
     for n in (1, 17, 30):
         assert (report / "pages" / f"{n:04d}.md").read_text().strip() in document
-    assert (out / "scans" / "table" / "table.md").exists()
-    assert manifest(out / "scans" / "deep" / "flyer")["pages"]["1"]["image_size"] == list(Image.open(sample_path("chinese_mixed_flyer.png")).size)
-    assert not (out / "notes").exists()
+    assert (out / "scans" / "table.png" / "table.md").exists()
+    assert manifest(out / "scans" / "deep" / "flyer.jpg")["pages"]["1"]["image_size"] == list(Image.open(sample_path("chinese_mixed_flyer.png")).size)
+    assert not (out / "notes.txt").exists()
     summary = json.loads((out / "run-summary.json").read_text())
     assert summary["pages"] == {"in_scope": 32, "skipped": 0, "to_convert": 32, "ok": 0, "flagged": 32, "failed": 0,
                                 "pending": 0}
@@ -111,8 +111,9 @@ def test_mixed_folder_with_a_30_page_pdf_end_to_end(vllm_server, tmp_path: Path)
     assert changed.returncode == 0
     rerun = batch(vllm_server.url, str(inputs / "scans"), "--out", str(tmp_path / "out2"), "--max-tokens", "9",
                   "--max-attempts", "1")
-    assert "settings changed (max_tokens)" in rerun.stderr and "2 to convert" in rerun.stderr
-    assert manifest(tmp_path / "out2" / "table")["pages"]["1"]["completion_tokens"] == 9
+    assert "1 page(s) converted earlier with other settings (max_tokens 8): kept until converted again" in rerun.stderr
+    assert "2 to convert" in rerun.stderr
+    assert manifest(tmp_path / "out2" / "table.png")["pages"]["1"]["completion_tokens"] == 9
 
 
 def test_sigkill_half_way_then_rerun_requests_each_missing_page_once(vllm_server, tmp_path: Path):
@@ -124,24 +125,24 @@ def test_sigkill_half_way_then_rerun_requests_each_missing_page_once(vllm_server
     first = subprocess.Popen(batch_command(vllm_server.url, *args), cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_for(lambda: done_pages(out / "long") >= 8, 300, "8 pages done")
+        wait_for(lambda: done_pages(out / "long.pdf") >= 8, 300, "8 pages done")
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     after_kill = settle(vllm_server.url)
-    done_before = done_pages(out / "long")
+    done_before = done_pages(out / "long.pdf")
     assert 8 <= done_before < 30
     # Every page the manifest lists as done has its complete file; the kill left no page
     # half-written under its real name (a temporary file at most, removed by the rerun).
-    for number, page in manifest(out / "long")["pages"].items():
-        assert (out / "long" / page["file"]).read_text().strip(), number
+    for number, page in manifest(out / "long.pdf")["pages"].items():
+        assert (out / "long.pdf" / page["file"]).read_text().strip(), number
 
     second = batch(vllm_server.url, *args)
     assert second.returncode == 0, second.stderr
     assert f"{done_before} done before, {30 - done_before} to convert" in second.stderr
     # The rerun asked the server once for each page that was missing, and for nothing else.
     assert settle(vllm_server.url) - after_kill == 30 - done_before
-    assert done_pages(out / "long") == 30 and len(list((out / "long" / "pages").iterdir())) == 30
+    assert done_pages(out / "long.pdf") == 30 and len(list((out / "long.pdf" / "pages").iterdir())) == 30
     assert no_partial_files(out)
     # For the closing note: what the kill cost (requests the first run sent whose answer it never stored).
     print(f"resume: first run {after_kill - start:.0f} requests for {done_before} pages stored; "
@@ -156,7 +157,7 @@ def test_ctrl_c_stops_admitting_pages_writes_everything_and_exits_130(vllm_serve
             "--drain-timeout", "60", "--quiet")
     run = subprocess.Popen(batch_command(vllm_server.url, *args), cwd=ROOT, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: done_pages(out / "long") >= 3, 300, "3 pages done")
+    wait_for(lambda: done_pages(out / "long.pdf") >= 3, 300, "3 pages done")
     run.send_signal(signal.SIGINT)
     interrupted_at = time.monotonic()
     stdout, stderr = run.communicate(timeout=120)
@@ -165,16 +166,16 @@ def test_ctrl_c_stops_admitting_pages_writes_everything_and_exits_130(vllm_serve
     assert "stopping: no new pages" in stdout and "Traceback" not in stderr
     summary = json.loads((out / "run-summary.json").read_text())
     assert summary["ended"] == "interrupted" and summary["pages"]["pending"] > 0
-    done = done_pages(out / "long")
+    done = done_pages(out / "long.pdf")
     assert summary["pages"]["flagged"] == done < 30
-    document = (out / "long" / "long.md").read_text()  # assembled from the pages done so far
+    document = (out / "long.pdf" / "long.md").read_text()  # assembled from the pages done so far
     assert "<!-- page 1 -->" in document and "not converted yet: rerun to resume" in document
 
     # Resume picks up the rest.
     rest = batch(vllm_server.url, *args)
     assert rest.returncode == 0, rest.stderr
     assert f"{done} done before, {30 - done} to convert" in rest.stderr
-    assert done_pages(out / "long") == 30 and "not converted yet" not in (out / "long" / "long.md").read_text()
+    assert done_pages(out / "long.pdf") == 30 and "not converted yet" not in (out / "long.pdf" / "long.md").read_text()
 
 
 def test_a_second_ctrl_c_exits_at_once(vllm_server, tmp_path: Path):
@@ -191,7 +192,7 @@ def test_a_second_ctrl_c_exits_at_once(vllm_server, tmp_path: Path):
     stdout, stderr = run.communicate(timeout=30)
     assert run.returncode == 130
     assert "exiting now" in stderr and "Traceback" not in stderr
-    json.loads((out / "long" / "manifest.json").read_text())  # still whole
+    json.loads((out / "long.pdf" / "manifest.json").read_text())  # still whole
 
 
 def test_retry_path_raises_the_temperature_and_flags_the_page(vllm_server, tmp_path: Path):
@@ -204,7 +205,7 @@ def test_retry_path_raises_the_temperature_and_flags_the_page(vllm_server, tmp_p
                  "--max-attempts", "3")
     assert done.returncode == 0, done.stderr  # flagged is converted, not failed
     assert server_requests(vllm_server.url) - before == 3
-    page = manifest(tmp_path / "out" / "table")["pages"]["1"]
+    page = manifest(tmp_path / "out" / "table.png")["pages"]["1"]
     assert page["status"] == "flagged" and page["attempts"] == 3
     assert [a["temperature"] for a in page["attempt_log"]] == [0.2, 0.4, 0.6]
     assert all(a["finish_reason"] == "length" and a["completion_tokens"] == 4 for a in page["attempt_log"])
@@ -233,7 +234,7 @@ def test_memory_stays_bounded_on_a_1000_page_pdf(vllm_server, tmp_path: Path):
             break
         time.sleep(0.05)
     assert run.wait(timeout=600) == 0, run.stderr.read()
-    assert done_pages(tmp_path / "out" / "thousand") == 1000
+    assert done_pages(tmp_path / "out" / "thousand.pdf") == 1000
     print(f"batch_ocr.py peak RSS on 1,000 pages: {peak / 2**20:.0f} MiB")
     assert peak < 250 * 2**20, f"{peak / 2**20:.0f} MiB"
 
@@ -282,8 +283,8 @@ def test_pages_option_picks_pages(vllm_server, tmp_path: Path):
     done = batch(vllm_server.url, str(pdf), "--out", str(tmp_path / "out"), "--pages", "2,4-", "--max-tokens", "2",
                  "--max-attempts", "1")
     assert done.returncode == 0, done.stderr
-    record = manifest(tmp_path / "out" / "doc")
+    record = manifest(tmp_path / "out" / "doc.pdf")
     assert sorted(record["pages"], key=int) == ["2", "4", "5", "6"]
-    assert "<!-- page 1 -->" not in (tmp_path / "out" / "doc" / "doc.md").read_text()
+    assert "<!-- page 1 -->" not in (tmp_path / "out" / "doc.pdf" / "doc.md").read_text()
     bad = batch(vllm_server.url, str(pdf), "--out", str(tmp_path / "out"), "--pages", "3-1")
     assert bad.returncode == 2 and "not a page or range" in bad.stderr

@@ -15,7 +15,7 @@ import pytest
 from ocr_bundle.batch import Attempt, BatchOptions, PageStats, flag_of, is_transient
 from ocr_bundle.batch_report import client_cost
 from ocr_bundle.client import OcrError
-from ocr_bundle.files import atomic_write_text, is_partial, remove_partials
+from ocr_bundle.files import atomic_write_json, atomic_write_text, is_partial, remove_partials
 from ocr_bundle.inputs import InputFile, InputNotFound, discover, output_folders, pages_in, parse_page_ranges
 from ocr_bundle.manifest import ConversionSettings, DocumentOutput, file_sha256
 from ocr_bundle.repetition import Repetition, repeated_tail, tokens_of
@@ -84,11 +84,28 @@ def test_discover_files_folders_and_globs(tmp_path: Path):
 
 
 def test_output_folders_mirror_the_inputs_and_never_collide():
-    inputs = [InputFile(Path("/x/a.pdf"), PurePath("a.pdf")), InputFile(Path("/x/a.png"), PurePath("a.png")),
+    inputs = [InputFile(Path("/z/a.pdf"), PurePath("a.pdf")), InputFile(Path("/x/a.png"), PurePath("a.png")),
               InputFile(Path("/x/sub/b.pdf"), PurePath("sub/b.pdf")), InputFile(Path("/y/b.jpg"), PurePath("c.jpg")),
-              InputFile(Path("/z/a.pdf"), PurePath("a.pdf"))]
-    assert {str(k): v.as_posix() for k, v in output_folders(inputs).items()} == {
-        "/x/a.pdf": "a.pdf", "/x/a.png": "a.png", "/x/sub/b.pdf": "sub/b", "/y/b.jpg": "c", "/z/a.pdf": "a.pdf~2"}
+              InputFile(Path("/x/a.pdf"), PurePath("a.pdf"))]
+    expected = {"/x/a.pdf": "a.pdf", "/x/a.png": "a.png", "/x/sub/b.pdf": "sub/b.pdf", "/y/b.jpg": "c.jpg",
+                "/z/a.pdf": "a.pdf~2"}  # the same name twice: numbered in path order, not argument order
+    assert {str(k): v.as_posix() for k, v in output_folders(inputs).items()} == expected
+    assert {str(k): v.as_posix() for k, v in output_folders(inputs[::-1]).items()} == expected
+
+
+def test_output_folders_stay_with_the_input_whose_output_they_hold():
+    inputs = [InputFile(Path("/x/a.pdf"), PurePath("a.pdf")), InputFile(Path("/z/a.pdf"), PurePath("a.pdf"))]
+    # /z/a.pdf was converted first, alone: a.pdf is its folder; a folder a.pdf~2 holds something else.
+    holders = {"a.pdf": "/z/a.pdf", "a.pdf~2": "/elsewhere/a.pdf"}
+
+    def belongs(item: InputFile, folder: PurePath):
+        holder = holders.get(folder.as_posix())
+        return None if holder is None else holder == str(item.path)
+
+    assert {str(k): v.as_posix() for k, v in output_folders(inputs, belongs).items()} == {
+        "/z/a.pdf": "a.pdf", "/x/a.pdf": "a.pdf~3"}
+    holders["a"] = "/x/a.pdf"  # the converter's earlier naming, without the suffix
+    assert output_folders(inputs, belongs)[Path("/x/a.pdf")] == PurePath("a")
 
 
 # ------------------------------------------------------------------ files and manifests
@@ -121,31 +138,54 @@ def test_a_writer_killed_mid_write_leaves_only_a_partial_file_that_the_next_run_
 SETTINGS = ConversionSettings("m", 4096, 200, 1540, "PNG")
 
 
-def test_a_manifest_resumes_only_for_the_same_file_and_settings(tmp_path: Path):
+def test_a_manifest_resumes_under_the_same_basis_and_keeps_pages_of_another(tmp_path: Path):
     source = tmp_path / "doc.pdf"
     source.write_bytes(b"%PDF-1.7 one")
     folder = tmp_path / "out"
     output, note = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS)
-    assert note is None and output.manifest["pages"] == {}
+    assert note is None and output.manifest["pages"] == {} and output.known_shape is None
     output.describe("pdf", 3)
-    output.record_page(2, {"status": "ok"}, "page two")
-    output.record_page(3, {"status": "failed", "error": "bad -- page"}, None)
+    assert output.record_page(2, {"status": "ok"}, "page two")
+    assert output.record_page(3, {"status": "failed", "error": "bad -- page"}, None)
     assert (folder / "pages" / "0002.md").read_text() == "page two"
 
     again, note = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS)
-    assert note is None and again.done_pages() == {2}
+    assert note is None and again.done_pages() == {2} and again.known_shape == ("pdf", 3)
     document = again.write_document([1, 2, 3]).read_text()
     assert document.index("<!-- page 1 not converted yet") < document.index("page two") < document.index(
         "<!-- page 3 not converted: bad — page -->")  # "--" cannot end the comment early
 
     changed = ConversionSettings("m", 1000, 200, 1540, "PNG")
-    assert DocumentOutput.open(folder, source, file_sha256(source), changed)[1] == "settings changed (max_tokens)"
-    assert DocumentOutput.open(folder, source, file_sha256(source), SETTINGS, force=True)[1] == "--force"
+    stale, note = DocumentOutput.open(folder, source, file_sha256(source), changed)
+    assert note == "1 page(s) converted earlier with other settings (max_tokens 4096): kept until converted again"
+    assert stale.done_pages() == set() and stale.stale_pages() == [2]
+    assert not stale.record_page(2, {"status": "failed", "error": "server down"}, None)  # text is never replaced by nothing
+    assert stale.manifest["pages"]["2"]["status"] == "ok" and stale.manifest["pages"]["2"]["redo_error"] == "server down"
+    assert "page two" in stale.write_document([2]).read_text()
+    assert stale.record_page(2, {"status": "ok"}, "page two again")
+    assert stale.done_pages() == {2} and stale.stale_pages() == []
+
     source.write_bytes(b"%PDF-1.7 two")
-    fresh, note = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS)
-    assert note == "the file changed since it was converted" and fresh.done_pages() == set()
+    other, note = DocumentOutput.open(folder, source, file_sha256(source), changed)
+    assert note.endswith("from an earlier version of the file: kept until converted again") and other.known_shape is None
     (folder / "manifest.json").write_text("{ torn")
-    assert DocumentOutput.open(folder, source, file_sha256(source), SETTINGS)[1].startswith("unreadable manifest")
+    torn, note = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS)
+    assert note.startswith("its manifest could not be read: moved to manifest.json.unreadable-")
+    assert [p.name for p in folder.glob("manifest.json.unreadable-*")] and torn.manifest["pages"] == {}
+
+
+def test_a_manifest_of_the_first_format_is_upgraded_with_its_pages(tmp_path: Path):
+    source = tmp_path / "doc.png"
+    source.write_bytes(b"png bytes")
+    folder = tmp_path / "out"
+    (folder / "pages").mkdir(parents=True)
+    (folder / "pages" / "0001.md").write_text("kept")
+    atomic_write_json(folder / "manifest.json", {
+        "format": 1, "source": str(source), "source_sha256": file_sha256(source), "settings": SETTINGS.as_dict(),
+        "kind": "image", "page_count": 1, "error": None,
+        "pages": {"1": {"status": "ok", "file": "pages/0001.md"}}})
+    output, note = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS)
+    assert note is None and output.done_pages() == {1} and output.manifest["format"] == 2
 
 
 # ------------------------------------------------------------------ retries
@@ -205,9 +245,9 @@ def test_render_workers_leave_with_a_killed_converter(tmp_path: Path):
     code = ("import sys, time; sys.path.insert(0, %r)\n"
             "from ocr_bundle.render_pool import RenderPool, PageJob\n"
             "pool = RenderPool(2)\n"
-            "ticket = pool.submit(PageJob('/nonexistent.png', 1, False, 'PNG', 200, 1540, 10**6))\n"
-            "pool.result(ticket)\n"
-            "print(' '.join(str(p) for p in pool._pool._processes), flush=True)\n"
+            "jobs = [pool.submit(PageJob('/nonexistent.png', 1, 'image', 'PNG', 200, 1540, 10**6)) for _ in range(4)]\n"
+            "[pool.result(job) for job in jobs]\n"
+            "print(' '.join(str(pid) for pid in pool.worker_pids()), flush=True)\n"
             "time.sleep(60)\n") % str(Path(__file__).resolve().parents[1])
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     workers = [int(pid) for pid in parent.stdout.readline().split()]

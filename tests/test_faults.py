@@ -55,33 +55,35 @@ def animated_gif() -> bytes:
     return buffer.getvalue()
 
 
-# name → (file bytes, expected: "ok" or a piece of the message the user sees)
+# name → (how to make the file's bytes, expected: "ok" or a piece of the message the user sees).
+# Made when the fixture needs them (pypdf is the CPU environment's, not the fast tier's).
 INPUT_CASES = {
-    "zero-byte.png": (b"", "empty"),
-    "text renamed.png": (b"Dear reader, I am plain text.", "not an image"),
-    "truncated.png": (sample_path("table_screenshot.png").read_bytes()[:700], "truncated"),
-    "truncated.jpg": (encode(Image.effect_noise((800, 800), 60).convert("RGB"), "JPEG")[:3000], "truncated"),
-    "huge 20000x20000.png": (encode(Image.new("1", (20000, 20000)), "PNG", optimize=True),
+    "zero-byte.png": (lambda: b"", "empty"),
+    "text renamed.png": (lambda: b"Dear reader, I am plain text.", "not an image"),
+    "truncated.png": (lambda: sample_path("table_screenshot.png").read_bytes()[:700], "truncated"),
+    "truncated.jpg": (lambda: encode(Image.effect_noise((800, 800), 60).convert("RGB"), "JPEG")[:3000], "truncated"),
+    "huge 20000x20000.png": (lambda: encode(Image.new("1", (20000, 20000)), "PNG", optimize=True),
                              "20000×20000 (400 MP); the limit is 100 MP"),
-    "one-pixel.png": (encode(Image.new("RGB", (1, 1), "white")), "ok"),
-    "cmyk.jpg": (encode(Image.new("CMYK", (400, 300), (0, 50, 100, 0)), "JPEG"), "ok"),
-    "sixteen-bit.png": (encode(Image.fromarray(np.arange(0, 65536, 16, dtype=np.uint16).reshape(64, 64))), "ok"),
-    "palette.png": (encode(Image.new("P", (300, 200), 3)), "ok"),
-    "rgba.png": (encode(Image.new("RGBA", (300, 200), (0, 0, 0, 0))), "ok"),
-    "exif-rotated photo é.jpg": (exif_rotated_photo(), "ok"),
-    "animated.gif": (animated_gif(), "ok"),
-    "scan.tiff": (encode(Image.new("L", (500, 700), 200), "TIFF"), "ok"),
-    "fifty pages.pdf": (make_pdf(50), "ok"),
-    "encrypted.pdf": (encrypted_pdf(), "encrypted"),
-    "corrupt.pdf": (b"%PDF-1.7\n1 0 obj << /Type /Catalog >> endobj\n%%EOF", "damaged"),
+    "one-pixel.png": (lambda: encode(Image.new("RGB", (1, 1), "white")), "ok"),
+    "cmyk.jpg": (lambda: encode(Image.new("CMYK", (400, 300), (0, 50, 100, 0)), "JPEG"), "ok"),
+    "sixteen-bit.png": (lambda: encode(Image.fromarray(np.arange(0, 65536, 16, dtype=np.uint16).reshape(64, 64))),
+                        "ok"),
+    "palette.png": (lambda: encode(Image.new("P", (300, 200), 3)), "ok"),
+    "rgba.png": (lambda: encode(Image.new("RGBA", (300, 200), (0, 0, 0, 0))), "ok"),
+    "exif-rotated photo é.jpg": (exif_rotated_photo, "ok"),
+    "animated.gif": (animated_gif, "ok"),
+    "scan.tiff": (lambda: encode(Image.new("L", (500, 700), 200), "TIFF"), "ok"),
+    "fifty pages.pdf": (lambda: make_pdf(50), "ok"),
+    "encrypted.pdf": (encrypted_pdf, "encrypted"),
+    "corrupt.pdf": (lambda: b"%PDF-1.7\n1 0 obj << /Type /Catalog >> endobj\n%%EOF", "damaged"),
 }
 
 
 @pytest.fixture(scope="module")
 def input_files(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("bad inputs ü")
-    for name, (data, _) in INPUT_CASES.items():
-        (folder / name).write_bytes(data)
+    for name, (make, _) in INPUT_CASES.items():
+        (folder / name).write_bytes(make())
     return folder
 
 
@@ -130,13 +132,14 @@ def test_every_input_is_accounted_for_in_a_batch_conversion(vllm_server, input_f
     assert "Traceback" not in done.stderr + done.stdout
     summary = json.loads((out / "run-summary.json").read_text())
     folders = {path.name: folder for path, folder in output_folders(discover([input_files])).items()}
-    assert folders["truncated.png"].name == "truncated.png" and folders["cmyk.jpg"].name == "cmyk"  # a clash, none
+    assert folders["truncated.png"].name == "truncated.png" and folders["cmyk.jpg"].name == "cmyk.jpg"  # always with the suffix
     for name, (_, expected) in INPUT_CASES.items():
         folder = out / folders[name]
         record = manifest(folder)
         if expected == "ok":
             pages = 50 if name.endswith(".pdf") else 1
-            assert [p["status"] for p in record["pages"].values()].count("flagged") == pages, name
+            # Converted: "flagged" at 2 tokens, or "ok" where the random weights sampled the end token.
+            assert sum(p["status"] in ("ok", "flagged") for p in record["pages"].values()) == pages, name
             continue
         # The reason, in the file's manifest and on its line of the summary.
         reasons = [record.get("error")] + [p.get("error") for p in record["pages"].values()]
@@ -220,7 +223,7 @@ def test_vllm_killed_during_a_stress_run_and_a_batch_then_back(tiny_checkpoint, 
                "--max-attempts", "1", "--concurrency", "2", "--server-wait", "5", "--quiet"]
     try:
         batch = subprocess.Popen(convert, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: done_pages(out / "thirty") >= 2, 120, "two pages converted")
+        wait_for(lambda: done_pages(out / "thirty.pdf") >= 2, 120, "two pages converted")
         stress = subprocess.Popen([PYTHON, str(ROOT / "stress_test.py"), "--url", url, "--concurrency", "2",
                                    "--requests", "8", "--warmup", "0", "--max-tokens", "1500", "--ignore-eos",
                                    "--out", str(tmp_path / "killed")], cwd=ROOT, stdout=subprocess.PIPE,
@@ -240,7 +243,7 @@ def test_vllm_killed_during_a_stress_run_and_a_batch_then_back(tiny_checkpoint, 
     # The batch ends cleanly once the server stays away (--server-wait), keeping what it converted.
     assert batch.returncode == 1, batch_out + batch_err
     assert "the server stopped answering for 5 s" in batch_err and "Traceback" not in batch_err
-    converted = done_pages(out / "thirty")
+    converted = done_pages(out / "thirty.pdf")
     summary = json.loads((out / "run-summary.json").read_text())
     assert summary["ended"] == "server gone" and summary["pages"]["pending"] == 30 - converted > 0
 
@@ -257,7 +260,7 @@ def test_vllm_killed_during_a_stress_run_and_a_batch_then_back(tiny_checkpoint, 
         rerun = subprocess.run(convert, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert rerun.returncode == 0, rerun.stderr
         assert f"{converted} done before, {30 - converted} to convert" in rerun.stderr
-        assert done_pages(out / "thirty") == 30
+        assert done_pages(out / "thirty.pdf") == 30
     finally:
         stop_group(server)
 

@@ -117,7 +117,7 @@ def test_the_batch_converter_puts_the_right_text_on_the_right_page_in_order(read
     done = batch(reader_server.url, str(inputs), "--out", str(out), "--max-tokens", "64", "--temperature", "0",
                  "--concurrency", "4", "--quiet")
     assert done.returncode == 0, done.stdout + done.stderr
-    document = out / "seven pages"
+    document = out / "seven pages.pdf"
     for n in range(1, 8):
         assert (document / "pages" / f"{n:04d}.md").read_text().strip() == f"page {n}"
         record = json.loads((document / "manifest.json").read_text())["pages"][str(n)]
@@ -125,7 +125,7 @@ def test_the_batch_converter_puts_the_right_text_on_the_right_page_in_order(read
     assembled = (document / "seven pages.md").read_text()
     positions = [assembled.index(f"page {n}\n") for n in range(1, 8)]
     assert positions == sorted(positions)
-    assert (out / "line" / "line.md").read_text().strip() == LINE
+    assert (out / "line.png" / "line.md").read_text().strip() == LINE
 
 
 def test_a_max_tokens_cut_takes_the_retry_path_with_the_real_text(reader_server, tmp_path: Path):
@@ -137,10 +137,10 @@ def test_a_max_tokens_cut_takes_the_retry_path_with_the_real_text(reader_server,
                 "--max-attempts", "2", "--temperature", "0")
     assert cut.returncode == 0, cut.stderr
     assert server_requests(reader_server.url) - before == 2  # the cut page was tried twice
-    record = json.loads((out / "line" / "manifest.json").read_text())["pages"]["1"]
+    record = json.loads((out / "line.png" / "manifest.json").read_text())["pages"]["1"]
     assert record["status"] == "flagged" and record["attempts"] == 2
     assert all(a["finish_reason"] == "length" for a in record["attempt_log"])
-    note, kept = (out / "line" / "line.md").read_text().split("-->\n")
+    note, kept = (out / "line.png" / "line.md").read_text().split("-->\n")
     assert "flagged: stopped at max_tokens (3)" in note  # the document says so, above the page
     kept = kept.strip()
     assert kept == LINE[:3]  # one token per character: what was read before the cut, and only that
@@ -148,9 +148,9 @@ def test_a_max_tokens_cut_takes_the_retry_path_with_the_real_text(reader_server,
     whole = batch(reader_server.url, str(tmp_path / "in"), "--out", str(out), "--max-tokens", "64",
                   "--temperature", "0", "--redo-flagged")
     assert whole.returncode == 0, whole.stderr
-    record = json.loads((out / "line" / "manifest.json").read_text())["pages"]["1"]
+    record = json.loads((out / "line.png" / "manifest.json").read_text())["pages"]["1"]
     assert (record["status"], record["finish_reason"]) == ("ok", "stop")
-    assert (out / "line" / "line.md").read_text().strip() == LINE
+    assert (out / "line.png" / "line.md").read_text().strip() == LINE
 
 
 def test_the_stress_test_counts_the_tokens_of_the_text_that_came_out(reader_server, tmp_path: Path):
