@@ -31,10 +31,19 @@ def ensure_tiny_checkpoint() -> Path:
     return TINY_CHECKPOINT
 
 
+# Fixtures that need the CPU environment (scripts/setup_cpu_env.sh): vLLM's CPU build, or
+# torch and transformers to generate the checkpoint.
+NEEDS_VLLM_FIXTURES = {"vllm_server", "reader_server", "tiny_checkpoint"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Whatever uses the session's vLLM server is slow (it starts in ~60-80 s on 2 cores)."""
+    """Whatever needs vLLM is slow (its server starts in ~60-80 s on 2 cores, an import of it
+    takes ~15 s): `-m "not slow"` is the fast tier, which runs with requirements-bundle.txt
+    and pytest alone."""
     for item in items:
-        if {"vllm_server", "reader_server"} & set(getattr(item, "fixturenames", ())):
+        if NEEDS_VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.needs_vllm)
+        if item.get_closest_marker("needs_vllm"):
             item.add_marker(pytest.mark.slow)
 
 

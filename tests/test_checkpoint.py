@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from safetensors import safe_open
+
+pytestmark = pytest.mark.needs_vllm  # torch, transformers, safetensors: the CPU environment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import make_checkpoint  # noqa: E402
@@ -39,6 +40,8 @@ def test_tiny_checkpoint_files_and_weight_names(tiny_checkpoint: Path):
     assert processor["processor_class"] == "PixtralProcessor"
     assert (processor["image_token"], processor["image_break_token"], processor["image_end_token"]) == (
         "<|image_pad|>", "<|vision_pad|>", "<|vision_end|>")
+    from safetensors import safe_open
+
     with safe_open(str(tiny_checkpoint / "model.safetensors"), "pt") as weights:
         prefixes = {".".join(name.split(".")[:2]) for name in weights.keys()}
     assert prefixes == {"model.vision_encoder", "model.vision_projection", "model.language_model"}
@@ -63,6 +66,8 @@ def test_generation_is_deterministic(tmp_path: Path):
     first, second = tmp_path / "a", tmp_path / "b"
     make_checkpoint.write_checkpoint("tiny", first, seed=3)
     make_checkpoint.write_checkpoint("tiny", second, seed=3)
+    from safetensors import safe_open
+
     with safe_open(str(first / "model.safetensors"), "pt") as a, safe_open(str(second / "model.safetensors"), "pt") as b:
         name = "model.language_model.embed_tokens.weight"
         assert a.get_tensor(name).equal(b.get_tensor(name))

@@ -25,6 +25,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
                           env={**os.environ, **env})
 
 
+@pytest.mark.needs_vllm
 def test_patch_is_not_applied_to_a_vllm_it_was_not_proven_on():
     result = run_python(
         "from ocr_bundle import vllm_patches\n"
@@ -85,6 +86,7 @@ def test_an_error_inside_patched_code_names_the_switch():
     assert "OCR_BUNDLE_VLLM_PATCHES=off runs vLLM as shipped" in caught.value.__notes__[0]
 
 
+@pytest.mark.needs_vllm
 def test_compiling_the_encoder_without_the_patch_is_said_to_do_nothing():
     result = run_python("from ocr_bundle import vllm_patches; print(vllm_patches.apply())",
                         OCR_BUNDLE_COMPILE_ENCODER="1")
@@ -163,6 +165,7 @@ def run_compile_check(backend: str) -> tuple[dict, str]:
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
 
 
+@pytest.mark.needs_vllm
 def test_the_encoder_stack_compiles_once_for_every_patch_count():
     outcome, log = run_compile_check("counting")
     assert outcome["same"] == [True, True, True]
@@ -175,6 +178,7 @@ def test_the_encoder_stack_compiles_once_for_every_patch_count():
     assert log.count(f"{PATCH_LINE} test stack: compiled in") == 1
 
 
+@pytest.mark.needs_vllm
 def test_a_failed_compile_falls_back_to_eager_once_and_says_so():
     outcome, log = run_compile_check("broken")
     assert outcome["same"] == [True, True, True]  # every call answered, from eager code
@@ -192,6 +196,7 @@ def test_compiling_the_encoder_is_asked_for_explicitly():
     assert not any(compile_encoder_requested(environ) for environ in ({}, {COMPILE_ENV: "0"}, {COMPILE_ENV: "off"}))
 
 
+@pytest.mark.needs_vllm
 def test_the_attention_ops_fake_kernel_gets_the_real_layout():
     # On vLLM's real op (the CPU build registers it too): a transposed query, as Pixtral's
     # rotary embedding leaves it, must come back contiguous, as the CUDA kernel returns it.
