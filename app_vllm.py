@@ -25,6 +25,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from ocr_bundle import exposure
 from ocr_bundle.client import OcrClient, OcrError, OcrResult
 from ocr_bundle.images import (
     MAX_PDF_PAGES_AT_ONCE,
@@ -268,8 +269,8 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
 
 
 def parse_auth(value: str | None) -> list[tuple[str, str]] | None:
-    """'user:password[,user2:password2]' → Gradio's auth list."""
-    if not value:
+    """'user:password[,user2:password2]' → Gradio's auth list; 'none' (no login, on purpose) → None."""
+    if not value or value == exposure.OPEN_ON_PURPOSE:
         return None
     pairs = []
     for item in value.split(","):
@@ -288,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=env_default("UI_PORT", 7860, int),
                         help="page port (env UI_PORT; default 7860)")
     parser.add_argument("--auth", default=env_default("UI_AUTH"),
-                        help="require a login, user:password[,user2:password2] (env UI_AUTH)")
+                        help="require a login, user:password[,user2:password2] (env UI_AUTH). Needed on any "
+                             f"address beyond loopback; '{exposure.OPEN_ON_PURPOSE}' serves it open on purpose")
     parser.add_argument("--max-upload-mb", type=float, default=env_default("UI_MAX_UPLOAD_MB", 50.0, float),
                         help="largest accepted upload in MB (env UI_MAX_UPLOAD_MB; default 50)")
     parser.add_argument("--concurrency", type=int, default=env_default("UI_CONCURRENCY", 16, int),
@@ -301,8 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     auth = parse_auth(args.auth)
-    if args.host in ("0.0.0.0", "::") and not auth:
-        print("WARNING: the page is open to the network without a login (set --auth / UI_AUTH).", file=sys.stderr)
+    if (problem := exposure.page_problem(args.host, args.auth, bool(args.api_key))) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    for line in exposure.open_warnings(args.host, False, args.host, args.auth == exposure.OPEN_ON_PURPOSE):
+        print(line, file=sys.stderr)
     client = OcrClient(args.url, api_key=args.api_key, model=args.model, read_timeout=args.timeout)
     max_bytes = int(args.max_upload_mb * 1024 * 1024)
     page = build_ui(client, PageSettings(max_upload_bytes=max_bytes, concurrency=args.concurrency))

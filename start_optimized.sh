@@ -13,7 +13,8 @@
 #   HOST, PORT     vLLM bind address and port (default 127.0.0.1:8000)
 #   UI_HOST, UI_PORT  page bind address and port (default $HOST:7860)
 #   VLLM_API_KEY   key the server requires and the page sends (default: none)
-#   UI_AUTH        page login, user:password[,user2:password2] (default: none)
+#   UI_AUTH        page login, user:password[,user2:password2] (default: none). Beyond loopback the
+#                  page needs one (or UI_AUTH=none, open on purpose), and the API a key (or ALLOW_OPEN_API=1)
 #   UI             off: start vLLM only, no page (an API-only server; default on)
 #   PYTHON         interpreter with vLLM (default: python3 if it has vLLM; without a GPU the CPU
 #                  environment from scripts/setup_cpu_env.sh, built on first use)
@@ -59,6 +60,15 @@ for service in vllm ui; do
     die "$service is already running (PID $pid). Stop it first: ./stop_optimized.sh"
   fi
 done
+
+# ---- exposure: beyond loopback, the API needs a key and the page a login (or an explicit opt-out)
+if [[ $role == head ]]; then
+  exposure_args=(--api-host "$HOST")
+  [[ -n "$VLLM_API_KEY" ]] && exposure_args+=(--api-key-set)
+  [[ "${ALLOW_OPEN_API:-}" =~ ^(1|true|yes)$ ]] && exposure_args+=(--allow-open-api)
+  [[ $UI != off ]] && exposure_args+=(--page-host "$UI_HOST" --page-auth "$UI_AUTH")
+  PYTHONPATH="$ROOT" python3 -m ocr_bundle.exposure "${exposure_args[@]}" || exit 2
+fi
 
 is_all_interfaces() { [[ "$1" == "0.0.0.0" || "$1" == "::" ]]; }
 # Address the readiness checks (and the page) use to reach a service bound to $1.
@@ -111,19 +121,6 @@ fi
 if [[ -f "$MODEL/random_weights.json" ]]; then
   say "$MODEL has random weights: it answers with random text."
   say "Real OCR needs the real weights (MODEL=lightonai/LightOnOCR-2-1B or a local copy), best on a GPU."
-fi
-
-# ---- security warnings
-if is_all_interfaces "$HOST" && [[ -z "$VLLM_API_KEY" ]]; then
-  echo "################################################################################" >&2
-  echo "WARNING: vLLM listens on all interfaces WITHOUT an API key: anyone who can reach" >&2
-  echo "this machine can use it. Set VLLM_API_KEY=... (the page sends it automatically)." >&2
-  echo "################################################################################" >&2
-fi
-if [[ $UI != off ]] && is_all_interfaces "$UI_HOST" && [[ -z "$UI_AUTH" ]]; then
-  echo "################################################################################" >&2
-  echo "WARNING: the page listens on all interfaces WITHOUT a login. Set UI_AUTH=user:password." >&2
-  echo "################################################################################" >&2
 fi
 
 # ---- on any failure from here: show why, stop what was started, exit non-zero

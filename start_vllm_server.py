@@ -33,7 +33,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ocr_bundle import attention, tuning
+from ocr_bundle import attention, exposure, tuning
 from ocr_bundle.scaleout import (
     DEFAULT_RPC_PORT,
     DataParallelPlan,
@@ -73,7 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "with an API key)")
     parser.add_argument("--port", type=int, default=env_default("PORT", 8000, int), help="port (env PORT; default 8000)")
     parser.add_argument("--api-key", default=env_default("VLLM_API_KEY"),
-                        help="require this bearer key on /v1 requests (env VLLM_API_KEY; default: none)")
+                        help="require this bearer key on /v1 requests (env VLLM_API_KEY; default: none). Needed on "
+                             "any address beyond loopback")
+    parser.add_argument("--allow-open-api", action="store_true",
+                        default=env_default("ALLOW_OPEN_API", False, lambda v: v.lower() in ("1", "true", "yes")),
+                        help="serve beyond loopback without an API key, on purpose (env ALLOW_OPEN_API=1)")
     parser.add_argument("--gpu-memory-utilization", type=float,
                         default=env_default("GPU_MEMORY_UTILIZATION", 0.9, float),
                         help="fraction of GPU memory vLLM reserves at start for weights + KV cache, whatever the "
@@ -364,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     own, passthrough = split_passthrough(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(own)
     try:
+        if (problem := exposure.api_problem(args.host, bool(args.api_key), args.allow_open_api)) is not None:
+            raise LaunchError(problem)
         if looks_like_path(args.model):
             check_local_checkpoint(Path(os.path.expanduser(args.model)))
         flavour = installed_vllm_flavour()
@@ -390,9 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_model_len < PAGE_PROMPT_TOKENS + MAX_OUTPUT_TOKENS:
         print(f"warning: --max-model-len {args.max_model_len} leaves ~{args.max_model_len - PAGE_PROMPT_TOKENS} "
               f"output tokens for a full page; dense pages need up to {MAX_OUTPUT_TOKENS}", file=sys.stderr)
-    if args.host in ("0.0.0.0", "::") and not args.api_key:
-        print("WARNING: binding to all interfaces without an API key: anyone who can reach this machine "
-              "can use the server. Set --api-key or VLLM_API_KEY.", file=sys.stderr)
+    for line in exposure.open_warnings(args.host, not args.api_key, None, False):
+        print(line, file=sys.stderr)
     if looks_like_path(args.model) and (Path(os.path.expanduser(args.model)) / "random_weights.json").exists():
         print("note: this is a generated random-weight checkpoint: it answers with random text. "
               "Real OCR needs the real weights (lightonai/LightOnOCR-2-1B).", file=sys.stderr)

@@ -1,0 +1,81 @@
+"""Safe by default: beyond loopback, the API needs a key and the page a login, unless the user
+says they are meant to be open. The rule (ocr_bundle.exposure) and each place that applies it:
+the start script, the launcher, the page. Nothing here binds a port or sends traffic: every
+refusal comes before anything starts (192.0.2.1 is a documentation address, never reached)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import PYTHON, ROOT
+from ocr_bundle.exposure import api_problem, is_loopback, page_problem
+
+FAR = "192.0.2.1"
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), (FAR, False), ("gpu-box.example.org", False),
+])
+def test_what_counts_as_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_the_rule():
+    assert api_problem("127.0.0.1", has_key=False, open_on_purpose=False) is None
+    assert "without an API key" in api_problem(FAR, has_key=False, open_on_purpose=False)
+    assert api_problem(FAR, has_key=True, open_on_purpose=False) is None
+    assert api_problem("0.0.0.0", has_key=False, open_on_purpose=True) is None
+    assert page_problem("localhost", auth=None, has_key=True) is None
+    refused = page_problem("0.0.0.0", auth=None, has_key=True)
+    assert "without a login" in refused and "the key would protect nothing" in refused and "UI_AUTH=none" in refused
+    assert page_problem("0.0.0.0", auth="none", has_key=True) is None
+    assert page_problem("0.0.0.0", auth="alice:pw", has_key=True) is None
+
+
+def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "UI_AUTH", "ALLOW_OPEN_API")}
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT, env={**clean, **env})
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"HOST": FAR}, f"refusing to serve the vLLM API on {FAR} without an API key"),
+    ({"HOST": "0.0.0.0", "VLLM_API_KEY": "k"}, "refusing to serve the page on 0.0.0.0 without a login"),
+    ({"UI_HOST": FAR}, f"refusing to serve the page on {FAR} without a login"),
+])
+def test_the_start_script_refuses_an_unprotected_address_before_starting_anything(tmp_path, env, message):
+    run_dir = tmp_path / "run"
+    done = run([str(ROOT / "start_optimized.sh")], {"RUN_DIR": str(run_dir), "MODEL": "/nowhere", **env})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert not any(run_dir.glob("*.pid")) and not any(run_dir.glob("*.log"))  # nothing was started
+
+
+def test_the_launcher_refuses_an_unprotected_address_and_accepts_an_explicit_opt_out(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    refused = run([PYTHON, str(ROOT / "start_vllm_server.py"), "--host", FAR, "--dry-run"], {})
+    assert refused.returncode == 2 and f"refusing to serve the vLLM API on {FAR}" in refused.stderr
+    # With the opt-out the exposure check passes; what fails next is the checkpoint, not the address.
+    opened = run([PYTHON, str(ROOT / "start_vllm_server.py"), "--host", FAR, "--model", str(tmp_path), "--dry-run"],
+                 {"ALLOW_OPEN_API": "1"})
+    assert "refusing to serve" not in opened.stderr and "not a LightOnOCR checkpoint" in opened.stderr
+
+
+def test_the_page_refuses_to_serve_beyond_loopback_without_a_login():
+    refused = run([PYTHON, str(ROOT / "app_vllm.py"), "--host", FAR, "--api-key", "k"], {})
+    assert refused.returncode == 2
+    assert f"refusing to serve the page on {FAR} without a login" in refused.stderr
+    assert "the key would protect nothing" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_the_exposure_check_runs_with_the_standard_library_alone():
+    """The start script runs it with the system's python3, which may have no third-party package."""
+    done = subprocess.run([sys.executable, "-S", "-m", "ocr_bundle.exposure", "--api-host", "0.0.0.0",
+                           "--allow-open-api", "--page-host", "0.0.0.0", "--page-auth", "none"],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert "no API key, on purpose" in done.stderr and "no login, on purpose (UI_AUTH=none)" in done.stderr
