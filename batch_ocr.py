@@ -44,18 +44,20 @@ import threading
 import time
 from pathlib import Path
 
-from ocr_bundle.batch import BatchConverter, BatchOptions, Document, Progress, scan
-from ocr_bundle.batch_report import run_summary, summary_lines
+from ocr_bundle.batch.manifest import ConversionSettings
+from ocr_bundle.batch.pipeline import BatchConverter, BatchOptions, Document, Progress, scan
+from ocr_bundle.batch.render_pool import RenderPool
+from ocr_bundle.batch.summary import run_summary, summary_lines
 from ocr_bundle.client import OcrClient, ServerStatus, ServerUnusable, connect
 from ocr_bundle.files import atomic_write_json
 from ocr_bundle.inputs import InputFile, InputNotFound, discover, parse_page_ranges
 from ocr_bundle.interrupts import GracefulInterrupt
-from ocr_bundle.manifest import ConversionSettings
-from ocr_bundle.render_pool import RenderPool
+from ocr_bundle.progress import progress_bar
 from ocr_bundle.settings import (
     MAX_OUTPUT_TOKENS,
-    PDF_RENDER_DPI,
     PAGE_PROMPT_TOKENS,
+    PDF_RENDER_DPI,
+    READ_TIMEOUT_S,
     TARGET_LONGEST_EDGE,
     TEMPERATURE,
     TOP_P,
@@ -115,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--force", action="store_true", help="convert every page again, even those already done")
     parser.add_argument("--redo-flagged", action="store_true",
                         help="also convert again the pages flagged in earlier runs (cut or looping)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per request (default 600)")
+    parser.add_argument("--timeout", type=float, default=READ_TIMEOUT_S,
+                        help=f"seconds allowed per request (default {READ_TIMEOUT_S:g})")
     parser.add_argument("--server-wait", type=float, default=180.0,
                         help="how long to wait for a server that stopped answering before ending the run "
                              "(default 180: a restart on a GPU takes 2-3 minutes)")
@@ -134,12 +137,10 @@ class BarProgress(Progress):
     """A tqdm bar: pages done/total, pages/s, ETA, failures."""
 
     def __init__(self, total: int, already_done: int):
-        from tqdm import tqdm
-
         self._lock = threading.Lock()
         self.failed = self.flagged = 0
-        self.bar = tqdm(total=total, unit="page", dynamic_ncols=True, smoothing=0.05, file=sys.stderr,
-                        desc="converting", postfix=f"failed=0, flagged=0, done before={already_done}")
+        self.bar = progress_bar(total, "page", "converting",
+                                postfix=f"failed=0, flagged=0, done before={already_done}")
         self.already_done = already_done
 
     def page(self, status: str) -> None:

@@ -174,7 +174,7 @@ wait_ready vllm "http://$(local_address "$HOST"):$PORT/health" "$STARTUP_TIMEOUT
 # /health answers before the engines have read a page; a first page pays one-time costs (on a
 # GPU, compiling the vision encoder: 15-45 s). Pay them now, one page per engine.
 say "warming up: one page per engine$([[ $has_gpu == true ]] && echo ' (on a GPU this compiles the vision encoder)')"
-PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ocr_bundle.warmup --url "http://$(local_address "$HOST"):$PORT" \
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ocr_bundle.serve.warmup --url "http://$(local_address "$HOST"):$PORT" \
   --timeout "$STARTUP_TIMEOUT" | sed 's/^/[start] /' || die "vLLM answers /health but cannot read a page (see above)"
 say "vLLM is ready (PID $(service_pid vllm)); $(grep -m1 -oE 'serving on [0-9]+ GPUs?: [a-z ]+[0-9]*|node 0 of [0-9]+.*' "$RUN_DIR/vllm.log" || echo 'one engine')"
 grep -m1 "WARNING: the data-parallel RPC port" "$RUN_DIR/vllm.log" >&2 || true
@@ -206,6 +206,10 @@ cat <<MSG
   vLLM API:  $api/v1   (model "$served_model"; try: curl$key_header $api/v1/models)
   Logs:      $RUN_DIR/vllm.log, $RUN_DIR/ui.log
   Stop:      ./stop_optimized.sh
+
+  Clients, with the Python that has what they need$([[ -n "$VLLM_API_KEY" ]] && echo ' (export VLLM_API_KEY first)'):
+    $PYTHON $ROOT/stress_test.py --url $api$([[ $has_gpu == true ]] || echo ' --max-tokens 64')
+    $PYTHON $ROOT/batch_ocr.py scans/ --url $api$([[ $has_gpu == true ]] || echo ' --max-tokens 64 --max-attempts 1')
 
   Read a page through the API (paste into a shell):
     IMG=\$(base64 -w0 '$ROOT/samples/table_screenshot.png')

@@ -46,11 +46,12 @@ from ocr_bundle.images import (
     to_data_url,
 )
 from ocr_bundle.interrupts import GracefulInterrupt
-from ocr_bundle.loadtest import Replayer, Workload, calculate_metrics, prepare_workload
-from ocr_bundle.pollers import GpuInfo, PeriodicPoller, devices_in_use, open_gpu_probe, vllm_metrics_probe
-from ocr_bundle.report import aligned_table, client_verdict, compare, write_reports
+from ocr_bundle.loadtest.pollers import GpuInfo, PeriodicPoller, devices_in_use, open_gpu_probe, vllm_metrics_probe
+from ocr_bundle.loadtest.replay import Replayer, Workload, calculate_metrics, prepare_workload
+from ocr_bundle.loadtest.report import aligned_table, client_verdict, compare, write_reports
+from ocr_bundle.progress import progress_bar
 from ocr_bundle.samples import find_images
-from ocr_bundle.settings import TEMPERATURE, TOP_P, add_server_arguments
+from ocr_bundle.settings import READ_TIMEOUT_S, TEMPERATURE, TOP_P, add_server_arguments
 
 
 def concurrency_list(text: str) -> list[int]:
@@ -85,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--encoding", choices=("PNG", "JPEG"), default="PNG", help="page encoding sent (default PNG)")
     parser.add_argument("--raw", action="store_true",
                         help="send files as they are (no resize/re-encode): measures the server's own image handling")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per request (default 600)")
+    parser.add_argument("--timeout", type=float, default=READ_TIMEOUT_S,
+                        help=f"seconds allowed per request (default {READ_TIMEOUT_S:g})")
     parser.add_argument("--sample-interval", type=float, default=0.2,
                         help="seconds between GPU memory / metrics samples (default 0.2)")
     parser.add_argument("--out", type=Path, default=None,
@@ -142,11 +144,8 @@ def read_idle_memory(gpu_probe) -> float | None:
 def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, args: argparse.Namespace,
               stop: threading.Event, gpu_poller: PeriodicPoller | None, metrics_poller: PeriodicPoller) -> dict:
     """One concurrency level: the requests, with a live progress bar, and its metrics."""
-    from tqdm import tqdm
-
     count = max(args.requests, int(args.requests_per_concurrency * concurrency))
-    bar = tqdm(total=count, desc=f"c={concurrency}", unit="req", file=sys.stderr, disable=args.quiet,
-               dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 10)
+    bar = progress_bar(count, "req", f"c={concurrency}", disable=args.quiet)
     failures = 0
 
     def on_result(result) -> None:

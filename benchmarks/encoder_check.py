@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU check of ocr_bundle.vllm_patches: packed vs dense-mask Pixtral encoder attention.
+"""GPU check of ocr_bundle.serve.vllm_patches: packed vs dense-mask Pixtral encoder attention.
 
     python3 benchmarks/encoder_check.py --model /root/models/lightonocr-full --out encoder-check.json
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # The engine in this process, so apply_model hands back the live model.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from ocr_bundle import vllm_patches  # noqa: E402
+from ocr_bundle.serve import vllm_patches  # noqa: E402
 
 # A 1089x1540 A4 page as vLLM's processor feeds it: 110 x 78 patches of 14 px.
 PAGE = (1540, 1092)

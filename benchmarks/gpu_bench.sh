@@ -19,12 +19,12 @@
 # FLASHINFER=1 makes FlashInfer importable, from /root/site-flashinfer (staged by
 # benchmarks/stage_flashinfer.sh), and serves with its sampler unless FLASHINFER_SAMPLER=0;
 # without it FlashInfer is not importable at all. Its attention is then the launcher's choice
-# (ocr_bundle/attention.py: auto takes it for --kv-cache-dtype fp8 on Hopper), or asked for:
+# (ocr_bundle/serve/attention.py: auto takes it for --kv-cache-dtype fp8 on Hopper), or asked for:
 #   FLASHINFER=1 FLASHINFER_SAMPLER=0 bash benchmarks/gpu_bench.sh serve NAME --attention-backend flashinfer
 # (The sixth session asked through vLLM's own flag after --, and this script then exported the
 # XQA gate, VLLM_HAS_FLASHINFER_CUBIN=1, itself; since the seventh the launcher sets it.)
 # serve starts the launcher's defaults: since the eighth session, on an H200 with a bf16 KV cache, the
-# compiled encoder and 128-token KV blocks (ocr_bundle/tuning.py). vLLM's own defaults, the
+# compiled encoder and 128-token KV blocks (ocr_bundle/serve/tuning.py). vLLM's own defaults, the
 # earlier sessions' baseline: serve NAME --compile-encoder off -- --block-size 16
 # READY_TIMEOUT (seconds, default 540) bounds serve's wait for /health. hostprofile reads PYSPY
 # (default /root/site-tools/bin/py-spy, staged by benchmarks/stage_tools.sh), REQUESTS (8),
@@ -51,12 +51,12 @@ fi
 mkdir -p "$STATE" "$OUT"
 cd "$ROOT"
 
-# Process control and readiness: the bundle's one implementation (ocr_bundle/processes.py).
-processes() { python3 "$ROOT/ocr_bundle/processes.py" "$@"; }
+# Process control and readiness: the bundle's one implementation (ocr_bundle/serve/processes.py).
+processes() { python3 "$ROOT/ocr_bundle/serve/processes.py" "$@"; }
 stop_server() { processes stop "$SERVER_PID_FILE" --name vllm --grace 30; }
 running() { python3 - "$PORT" <<'PY'
 import sys, urllib.request
-from ocr_bundle.pollers import parse_prometheus
+from ocr_bundle.loadtest.pollers import parse_prometheus
 text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
 print(int(parse_prometheus(text).get("vllm:num_requests_running", 0)))
 PY

@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ocr_bundle.processes import all_processes, read_pid_file  # noqa: E402
+from ocr_bundle.serve.processes import all_processes, read_pid_file  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -1,26 +1,26 @@
-"""Shared code of the LightOnOCR-2-1B serving bundle.
+"""Shared code of the LightOnOCR-2-1B serving bundle, grouped by where it runs.
 
-Small modules, one job each, used by the page (app_vllm.py), the stress test
-(stress_test.py), the batch converter (batch_ocr.py), the launcher (start_vllm_server.py)
-and the start/stop scripts:
+The entry scripts beside this folder only parse arguments and print; the logic is here.
 
-- settings:     the one registry: model id, token budgets, URLs, timeouts, env precedence
-- images:       turn uploads (images, PDFs) into the page images the model expects
-- client:       the OpenAI-compatible HTTP client for vLLM (status, streaming OCR, errors)
-- inputs:       files, folders and globs → input files; PDF page ranges; output folder names
-- samples:      the bundled sample pages
-- pollers:      background pollers: GPU memory per device (NVML, nvidia-smi, none), vLLM's /metrics
-- loadtest:     the stress test's threaded replay and its metrics (a pure function of results)
-- report:       stress-test table, JSON, Markdown, plot and before/after comparison
-- batch, render_pool, manifest, repetition, batch_report: the batch converter's pipeline,
-                its page-rendering processes, its resumable output, loop detection, summary
-- files:        atomic writes (never half a file, even after SIGKILL)
-- processes:    PID files with start times, readiness waits, group stops (shell, tests, GPU driver)
-- scaleout:     vLLM data parallelism: replicas per node, head and headless workers
-- attention, tuning: the launcher's GPU choices beyond vLLM's defaults, each where it was
-                measured to win (attention kernels; KV block size, compiled vision encoder)
-- warmup:       one page per engine before the start script says the server is ready
-- vllm_patches, vllm_serve: the fix the launcher applies to vLLM 0.26.0 (packed vision-encoder
-                attention, optionally compiled) and the wrapper that starts vLLM with it in
-                every process
+Core, used everywhere (the first group is standard library only: the shell scripts and the
+launcher import it with any python3, before vLLM's Python is known):
+- settings:   the one registry: model id, token budgets, URLs, timeouts, env precedence
+- exposure:   beyond loopback, the API needs a key and the page a login
+- files:      atomic (and durable) writes: never half a file
+- inputs:     files, folders and globs → input files; page ranges; output folder names
+- interrupts: Ctrl-C for long runs (the first stops gracefully, the second at once)
+- samples:    the bundled sample pages
+- draining:   waiting for worker threads, with a deadline once a stop is asked for
+- headroom:   could the client have limited what it measured? (one verdict)
+and client side (requests, Pillow, pypdfium2, tqdm):
+- client:     the OpenAI-compatible HTTP client for vLLM (status, server and model, OCR, errors)
+- images:     uploads (images, PDFs, multi-page TIFFs) → the page images the model expects
+- progress:   the progress bar
+
+serve/    the server side: the launcher's decisions, scale-out, attention and tuning
+          choices, process control, the warm-up page, and the vLLM patch with its entry
+          (standard library only, but warmup, a client)
+loadtest/ the stress test: threaded replay and metrics, GPU and /metrics pollers, reports
+batch/    the batch converter: pipeline, render processes, resumable manifests, loop
+          detection, run summary
 """

@@ -1,5 +1,5 @@
 # Shared by start_optimized.sh and stop_optimized.sh (sourced, not run).
-# Process control lives in one place, ocr_bundle/processes.py (standard library only, so the
+# Process control lives in one place, ocr_bundle/serve/processes.py (standard library only, so the
 # system python3 runs it): PID files hold PID and start time, stops signal only processes
 # that are provably still ours, readiness waits watch the process while they poll.
 
@@ -7,7 +7,7 @@ RUN_DIR="${RUN_DIR:-$ROOT/run}"
 STOP_GRACE="${STOP_GRACE:-30}"
 
 pid_file() { echo "$RUN_DIR/$1.pid"; }
-processes() { python3 "$ROOT/ocr_bundle/processes.py" "$@"; }
+processes() { python3 "$ROOT/ocr_bundle/serve/processes.py" "$@"; }
 
 # service_pid NAME: prints the recorded PID if that service is alive and still ours.
 service_pid() { processes running "$(pid_file "$1")"; }

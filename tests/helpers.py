@@ -1,6 +1,6 @@
 """Process helpers for the tests: real processes in their own process groups, deadlines.
 
-Starting, readiness and stopping go through ocr_bundle.processes, the implementation the
+Starting, readiness and stopping go through ocr_bundle.serve.processes, the implementation the
 shell scripts and the GPU driver use too."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 READER_CHECKPOINT = ROOT / "tests" / "fixtures" / "lightonocr-reader"  # scripts/train_reader.py wrote it
 
-from ocr_bundle.pollers import parse_prometheus  # noqa: E402
-from ocr_bundle.processes import NotReady, Service, stop, wait_ready  # noqa: E402
+from ocr_bundle.loadtest.pollers import parse_prometheus  # noqa: E402
+from ocr_bundle.serve.processes import NotReady, Service, stop, wait_ready  # noqa: E402
 
 
 def free_port() -> int:

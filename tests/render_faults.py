@@ -1,6 +1,6 @@
 """Render workers that fail on demand, for the render pool's crash handling.
 
-`marked_work` is the pool's real job function (ocr_bundle.render_pool.do_job), except for
+`marked_work` is the pool's real job function (ocr_bundle.batch.render_pool.do_job), except for
 files whose name asks for a fault:
 - `crash-p3.pdf` (or `crash-p3_7.pdf`): the worker dies hard (SIGKILL, what a pdfium
   segfault looks like from outside) when it prepares page 3 (or 3 and 7);
@@ -17,7 +17,7 @@ import signal
 import time
 from pathlib import Path
 
-from ocr_bundle.render_pool import CountJob, Job, Outcome, do_job
+from ocr_bundle.batch.render_pool import CountJob, Job, Outcome, do_job
 
 
 def _marked_pages(name: str, fault: str) -> set[int]:

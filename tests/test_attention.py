@@ -1,4 +1,4 @@
-"""ocr_bundle.attention: which attention kernels the launcher asks vLLM for, and why."""
+"""ocr_bundle.serve.attention: which attention kernels the launcher asks vLLM for, and why."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from ocr_bundle import attention
-from ocr_bundle.attention import AttentionError, GpuFacts, choose
+from ocr_bundle.serve import attention
+from ocr_bundle.serve.attention import AttentionError, GpuFacts, choose
 
 H200_READY = GpuFacts(("9.0", "9.0"), flashinfer_installed=True, nvcc="/usr/local/cuda/bin/nvcc")
 

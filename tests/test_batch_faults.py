@@ -26,11 +26,11 @@ from PIL import Image
 
 import batch_ocr
 from helpers import PYTHON, ROOT, wait_for
-from ocr_bundle.batch import BatchConverter, BatchOptions, scan
+from ocr_bundle.batch.pipeline import BatchConverter, BatchOptions, scan
 from ocr_bundle.client import OcrClient
 from ocr_bundle.inputs import discover
-from ocr_bundle.manifest import ConversionSettings
-from ocr_bundle.render_pool import PageJob, RenderPool
+from ocr_bundle.batch.manifest import ConversionSettings
+from ocr_bundle.batch.render_pool import PageJob, RenderPool
 from render_faults import marked_work
 from scripted_server import MODEL, Reply, ScriptedServer
 
@@ -181,12 +181,12 @@ def test_case2_a_file_unreadable_on_a_rerun_keeps_its_finished_work(server, tmp_
 
     # A read error of the moment (a network share that dropped; as root, permissions cannot
     # be made to refuse, so the hash reads through a stand-in that does).
-    import ocr_bundle.batch
+    import ocr_bundle.batch.pipeline
 
     def refuse(path):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(ocr_bundle.batch, "file_sha256", refuse)
+    monkeypatch.setattr(ocr_bundle.batch.pipeline, "file_sha256", refuse)
     refused = convert(capsys, server.url, out, str(pdf))
     assert refused.code == 1 and "The file cannot be read: Permission denied." in refused.err
     assert snapshot(out / "doc.pdf") == before
@@ -282,14 +282,14 @@ def test_the_render_pool_gives_up_on_a_stuck_page_and_closes_at_once(tmp_path):
 
 
 def test_case5_pages_left_pending_by_a_failing_producer_make_exit_1(server, tmp_path, capsys, monkeypatch):
-    import ocr_bundle.batch
+    import ocr_bundle.batch.pipeline
 
     def page_job(path, page, *args):
         if page == 3:
             raise RuntimeError("scripted bug")
         return PageJob(path, page, *args)
 
-    monkeypatch.setattr(ocr_bundle.batch, "PageJob", page_job)
+    monkeypatch.setattr(ocr_bundle.batch.pipeline, "PageJob", page_job)
     small_pdf(tmp_path / "in" / "doc.pdf", 6)
     run = convert(capsys, server.url, tmp_path / "out", str(tmp_path / "in"))
     assert run.code == 1
@@ -387,9 +387,9 @@ def test_case8_stopping_between_attempts_keeps_the_attempt_received(server, tmp_
 
 
 def test_429_and_5xx_are_waited_out_and_retried(server, tmp_path, capsys, monkeypatch):
-    import ocr_bundle.batch
+    import ocr_bundle.batch.pipeline
 
-    monkeypatch.setattr(ocr_bundle.batch, "BACKOFF_S", (0.2, 0.2, 0.2, 0.2))  # seconds, not a minute
+    monkeypatch.setattr(ocr_bundle.batch.pipeline, "BACKOFF_S", (0.2, 0.2, 0.2, 0.2))  # seconds, not a minute
     answers = {0: Reply(status=429, retry_after=1.5, error="too many"), 1: Reply(status=503, error="restarting"),
                2: Reply(action="reset"), 3: Reply(action="malformed")}
     server.responder = lambda request: answers.get(request.index, Reply(text="finally"))

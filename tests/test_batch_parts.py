@@ -12,13 +12,13 @@ from pathlib import Path, PurePath
 
 import pytest
 
-from ocr_bundle.batch import Attempt, BatchOptions, PageStats, flag_of, is_transient
-from ocr_bundle.batch_report import client_cost
+from ocr_bundle.batch.pipeline import Attempt, BatchOptions, PageStats, flag_of, is_transient
+from ocr_bundle.batch.summary import client_cost
 from ocr_bundle.client import OcrError
 from ocr_bundle.files import atomic_write_json, atomic_write_text, is_partial, remove_partials
 from ocr_bundle.inputs import InputFile, InputNotFound, discover, output_folders, pages_in, parse_page_ranges
-from ocr_bundle.manifest import ConversionSettings, DocumentOutput, file_sha256
-from ocr_bundle.repetition import Repetition, repeated_tail, tokens_of
+from ocr_bundle.batch.manifest import ConversionSettings, DocumentOutput, file_sha256
+from ocr_bundle.batch.repetition import Repetition, repeated_tail, tokens_of
 
 # ------------------------------------------------------------------ loops
 
@@ -234,7 +234,9 @@ def test_client_cost_says_whether_the_client_limited_the_run():
     assert report["send_capacity_pages_per_s"] == pytest.approx(500)
     assert report["verdict"].startswith("not the bottleneck") and report["render_ms_per_page"] == 100
     slow = [PageStats(render_wall_s=0.5, send_cpu_s=0.002, render_wait_s=0.0, latency_s=10)] * 20
-    assert client_cost(slow, 2, 7.0, 4)["verdict"].startswith("MAY LIMIT THE RUN: client capacity ~4.0")
+    assert client_cost(slow, 2, 7.0, 4)["verdict"] == (
+        "MAY LIMIT THE RESULT: the client could drive ~4.0 pages/s against 7.00 measured "
+        "(more --render-workers, or --encoding JPEG)")
     # Waiting for pages after the pipeline filled is the render pool falling behind, whatever its speed.
     waiting = fast[:4] + [PageStats(render_wall_s=0.1, render_wait_s=2.0, send_cpu_s=0.002, latency_s=10)] * 16
     assert "senders waited for pages to be prepared" in client_cost(waiting, 4, 7.0, 4)["verdict"]
@@ -243,7 +245,7 @@ def test_client_cost_says_whether_the_client_limited_the_run():
 def test_render_workers_leave_with_a_killed_converter(tmp_path: Path):
     """A converter killed outright cannot shut its pool down: its workers must not linger."""
     code = ("import sys, time; sys.path.insert(0, %r)\n"
-            "from ocr_bundle.render_pool import RenderPool, PageJob\n"
+            "from ocr_bundle.batch.render_pool import RenderPool, PageJob\n"
             "pool = RenderPool(2)\n"
             "jobs = [pool.submit(PageJob('/nonexistent.png', 1, 'image', 'PNG', 200, 1540, 10**6)) for _ in range(4)]\n"
             "[pool.result(job) for job in jobs]\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import PYTHON, ROOT, Started
 
-from ocr_bundle.processes import write_pid_file
+from ocr_bundle.serve.processes import write_pid_file
 
 # py-spy's raw output (`record --format raw --threads`): one distinct stack per line, then its count.
 RAW = """\

@@ -25,7 +25,7 @@ from helpers import PYTHON, ROOT, free_port, running_requests, start_process, st
 from ocr_bundle.client import OcrClient, OcrError
 from ocr_bundle.images import prepare_image_bytes
 from ocr_bundle.inputs import discover, output_folders
-from ocr_bundle.pollers import PeriodicPoller, vllm_metrics_probe
+from ocr_bundle.loadtest.pollers import PeriodicPoller, vllm_metrics_probe
 from ocr_bundle.samples import sample_path
 from test_batch import a4_pdf, done_pages, manifest
 from test_images import encode, make_pdf

@@ -1,4 +1,5 @@
-"""start_vllm_server.py: the vLLM command it builds, and the errors it gives before vLLM starts."""
+"""start_vllm_server.py and its logic (ocr_bundle.serve.launch): the vLLM command it builds,
+and the errors it gives before vLLM starts."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import PYTHON, ROOT
-
-sys.path.insert(0, str(ROOT))
-import start_vllm_server as launcher  # noqa: E402
+from ocr_bundle.serve import launch as launcher
 
 
 def command_for(argv: list[str], device: str = "cuda", env: dict | None = None, monkeypatch=None):
@@ -35,8 +34,8 @@ def flag(command: list[str], name: str) -> str:
 
 def test_defaults_on_gpu(monkeypatch):
     command, env = command_for([], monkeypatch=monkeypatch)
-    # vLLM runs through the bundle's wrapper, which applies ocr_bundle.vllm_patches first.
-    assert command[1:6] == ["-m", "ocr_bundle.vllm_serve", "vllm.entrypoints.cli.main", "serve", "--model"]
+    # vLLM runs through the bundle's wrapper, which applies ocr_bundle.serve.vllm_patches first.
+    assert command[1:6] == ["-m", "ocr_bundle.serve.vllm_serve", "vllm.entrypoints.cli.main", "serve", "--model"]
     assert flag(command, "--model") == "lightonai/LightOnOCR-2-1B"
     assert flag(command, "--served-model-name") == "lightonai/LightOnOCR-2-1B"
     assert flag(command, "--host") == "127.0.0.1" and flag(command, "--port") == "8000"
@@ -60,7 +59,7 @@ def test_flashinfer_sampler_is_left_to_whoever_sets_it_and_off_the_cpu(monkeypat
 
 def test_cpu_backend_sets_its_environment(monkeypatch):
     command, env = command_for(["--cpu-kv-cache-gb", "3"], device="cpu", monkeypatch=monkeypatch)
-    assert command[1:4] == ["-m", "ocr_bundle.vllm_serve", "vllm.entrypoints.openai.api_server"]
+    assert command[1:4] == ["-m", "ocr_bundle.serve.vllm_serve", "vllm.entrypoints.openai.api_server"]
     assert "--gpu-memory-utilization" not in command
     assert env["VLLM_TARGET_DEVICE"] == "cpu" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
 
@@ -298,7 +297,7 @@ def test_cpu_backend_keeps_one_engine(tiny_checkpoint, monkeypatch):
                                     "cpu", 0)
 
 
-# ------------------------------------------------------------------ attention kernels (ocr_bundle.attention)
+# ------------------------------------------------------------------ attention kernels (ocr_bundle.serve.attention)
 
 
 @pytest.fixture()
@@ -329,7 +328,7 @@ def test_fp8_on_h200_runs_flashinfer_attention_and_says_so(h200_box):
     assert "--block-size" not in vllm_args(done) and "OCR_BUNDLE_COMPILE_ENCODER=0" in line
     bf16 = dry_run_gpu(h200_box)
     assert "--attention-backend" not in vllm_args(bf16) and "attention: vLLM's default" in bf16.stdout
-    # The measured default (ocr_bundle.tuning): 128-token blocks and the compiled encoder, said.
+    # The measured default (ocr_bundle.serve.tuning): 128-token blocks and the compiled encoder, said.
     assert flag(vllm_args(bf16), "--block-size") == "128" and "KV block size: 128 tokens" in bf16.stdout
     assert "OCR_BUNDLE_COMPILE_ENCODER=1" in next(text for text in bf16.stdout.splitlines() if "cuda backend:" in text)
     assert "vision encoder: compiled with torch.compile" in bf16.stdout

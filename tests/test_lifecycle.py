@@ -18,7 +18,7 @@ from conftest import TEST_MAX_MODEL_LEN
 from helpers import PYTHON, ROOT, free_port
 from ocr_bundle.client import OcrClient, OcrError
 from ocr_bundle.images import prepare_image_bytes
-from ocr_bundle.processes import Service, proc_info, read_pid_file
+from ocr_bundle.serve.processes import Service, proc_info, read_pid_file
 from ocr_bundle.samples import sample_path
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ocr_bundle.loadtest import RequestResult, calculate_metrics, group_errors, percentile
+from ocr_bundle.loadtest.replay import RequestResult, calculate_metrics, group_errors, percentile
 
 
 def result(latency: float, start: float = 0.0, ok: bool = True, error: str | None = None, ttft: float | None = 0.1,

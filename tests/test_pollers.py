@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ocr_bundle.pollers import PeriodicPoller, devices_in_use, engine_count, open_gpu_probe, parse_prometheus
+from ocr_bundle.loadtest.pollers import PeriodicPoller, devices_in_use, engine_count, open_gpu_probe, parse_prometheus
 
 MIB = 2**20
 

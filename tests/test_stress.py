@@ -132,7 +132,7 @@ class FailingNvml(FakeNvml):
 
 def test_nvml_is_shut_down_even_when_the_first_read_fails(vllm_server, tmp_path: Path, monkeypatch):
     import stress_test
-    from ocr_bundle import pollers
+    from ocr_bundle.loadtest import pollers
 
     nvml = FailingNvml(used_mib=((1000,),))
     monkeypatch.setattr(stress_test, "open_gpu_probe", lambda devices=None: pollers.open_gpu_probe(nvml=nvml))
@@ -148,7 +148,7 @@ def test_nvml_is_shut_down_even_when_the_first_read_fails(vllm_server, tmp_path:
 def test_one_level_with_flat_gpu_memory_plots_cleanly(tmp_path: Path):
     """What an H200 produced at --concurrency 1: NVML flat at ~131.7 GB. The level label used to
     sit at y=0 of an axis autoscaled around 131 GB; matplotlib failed to lay the figure out."""
-    from ocr_bundle.report import plot
+    from ocr_bundle.loadtest.report import plot
 
     level = {"concurrency": 1, "pages_per_s": 0.35, "latency_p50_s": 2.8, "latency_p99_s": 3.1, "ttft_p50_s": 0.18,
              "window": {"start": 100.0, "end": 130.0}}
@@ -161,7 +161,7 @@ def test_one_level_with_flat_gpu_memory_plots_cleanly(tmp_path: Path):
 
 
 def test_a_failing_plot_is_a_warning_after_the_numbers_are_written(tmp_path: Path, monkeypatch):
-    from ocr_bundle import report as reports
+    from ocr_bundle.loadtest import report as reports
 
     def broken_plot(*args):
         raise RuntimeError("FT_Render_Glyph failed: raster overflow")

@@ -1,11 +1,11 @@
-"""ocr_bundle.tuning: 128-token KV blocks and the compiled encoder, only where they were measured."""
+"""ocr_bundle.serve.tuning: 128-token KV blocks and the compiled encoder, only where they were measured."""
 
 from __future__ import annotations
 
 import pytest
 
-from ocr_bundle import attention, tuning
-from ocr_bundle.vllm_patches import COMPILE_ENV
+from ocr_bundle.serve import attention, tuning
+from ocr_bundle.serve.vllm_patches import COMPILE_ENV
 
 H200 = attention.GpuFacts(("9.0",), flashinfer_installed=True, nvcc="/usr/local/cuda/bin/nvcc")
 A100 = attention.GpuFacts(("8.0",), flashinfer_installed=True, nvcc="/usr/local/cuda/bin/nvcc")

@@ -1,4 +1,4 @@
-"""ocr_bundle.vllm_patches / vllm_serve: how vLLM is started with the bundle's fixes.
+"""ocr_bundle.serve.vllm_patches / vllm_serve: how vLLM is started with the bundle's fixes.
 
 The packed-attention patch only touches vLLM 0.26.0 (the GPU pin), and only while the
 methods it replaces are the code it was written against; the CPU build used here (0.32)
@@ -28,7 +28,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
 @pytest.mark.needs_vllm
 def test_patch_is_not_applied_to_a_vllm_it_was_not_proven_on():
     result = run_python(
-        "from ocr_bundle import vllm_patches\n"
+        "from ocr_bundle.serve import vllm_patches\n"
         "from vllm.model_executor.models import pixtral\n"
         "print(vllm_patches.apply()); print(hasattr(pixtral, 'MMEncoderAttention'))\n"
         "print(vllm_patches.apply() is vllm_patches.apply())\n"  # decided once per process
@@ -57,7 +57,7 @@ def fake_pixtral_source(attention_forward_body: str) -> str:
 
 
 def test_the_decision_needs_the_exact_version_and_the_exact_code():
-    from ocr_bundle.vllm_patches import REPLACED_METHODS, VERIFIED, decide, source_fingerprint
+    from ocr_bundle.serve.vllm_patches import REPLACED_METHODS, VERIFIED, decide, source_fingerprint
 
     source = fake_pixtral_source("return hidden_states")
     fingerprint = source_fingerprint(source)
@@ -75,7 +75,7 @@ def test_the_decision_needs_the_exact_version_and_the_exact_code():
 
 
 def test_an_error_inside_patched_code_names_the_switch():
-    from ocr_bundle.vllm_patches import blame_patch
+    from ocr_bundle.serve.vllm_patches import blame_patch
 
     @blame_patch
     def patched_forward():
@@ -88,7 +88,7 @@ def test_an_error_inside_patched_code_names_the_switch():
 
 @pytest.mark.needs_vllm
 def test_compiling_the_encoder_without_the_patch_is_said_to_do_nothing():
-    result = run_python("from ocr_bundle import vllm_patches; print(vllm_patches.apply())",
+    result = run_python("from ocr_bundle.serve import vllm_patches; print(vllm_patches.apply())",
                         OCR_BUNDLE_COMPILE_ENCODER="1")
     assert result.returncode == 0, result.stderr[-2000:]
     status = result.stdout.strip().splitlines()[-1]
@@ -97,21 +97,21 @@ def test_compiling_the_encoder_without_the_patch_is_said_to_do_nothing():
 
 
 def test_patch_can_be_switched_off_for_before_after_runs():
-    result = run_python("from ocr_bundle import vllm_patches; print(vllm_patches.apply())",
+    result = run_python("from ocr_bundle.serve import vllm_patches; print(vllm_patches.apply())",
                         OCR_BUNDLE_VLLM_PATCHES="off")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "disabled by OCR_BUNDLE_VLLM_PATCHES=off"
 
 
 def test_cumulative_lengths_is_the_varlen_layout():
-    from ocr_bundle.vllm_patches import cumulative_lengths
+    from ocr_bundle.serve.vllm_patches import cumulative_lengths
 
     lengths = cumulative_lengths([8580, 3500])
     assert lengths.tolist() == [0, 8580, 12080] and str(lengths.dtype) == "int32"
 
 
 def test_wrapper_runs_the_entry_module_with_its_own_arguments():
-    result = subprocess.run([PYTHON, "-m", "ocr_bundle.vllm_serve", "json.tool", "--sort-keys"],
+    result = subprocess.run([PYTHON, "-m", "ocr_bundle.serve.vllm_serve", "json.tool", "--sort-keys"],
                             cwd=ROOT, input='{"b": 1, "a": 2}', capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["{", '"a":', "2,", '"b":', "1", "}"]
@@ -119,21 +119,21 @@ def test_wrapper_runs_the_entry_module_with_its_own_arguments():
 
 
 def test_wrapper_without_an_entry_module_says_how_to_use_it():
-    result = subprocess.run([PYTHON, "-m", "ocr_bundle.vllm_serve", "--port", "8000"],
+    result = subprocess.run([PYTHON, "-m", "ocr_bundle.serve.vllm_serve", "--port", "8000"],
                             cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert result.returncode != 0 and "usage: python -m ocr_bundle.vllm_serve VLLM_ENTRY_MODULE" in result.stderr
+    assert result.returncode != 0 and "usage: python -m ocr_bundle.serve.vllm_serve VLLM_ENTRY_MODULE" in result.stderr
 
 
 def test_the_served_vllm_went_through_the_wrapper(vllm_server):
     log = vllm_server.log.read_text(errors="replace")
-    assert "ocr_bundle.vllm_serve" in log  # the launcher's printed command
+    assert "ocr_bundle.serve.vllm_serve" in log  # the launcher's printed command
     assert f"{PATCH_LINE} not applied: vLLM 0.32.0" in log
 
 
 # torch.compile with a graph-counting backend: Dynamo for real, without Inductor's C++ build.
 COMPILE_CHECK = """
 import json, sys, torch
-from ocr_bundle.vllm_patches import CompiledOrEager
+from ocr_bundle.serve.vllm_patches import CompiledOrEager
 backend_calls = []
 def counting(graph, example_inputs):
     backend_calls.append(len(example_inputs))
@@ -189,7 +189,7 @@ def test_a_failed_compile_falls_back_to_eager_once_and_says_so():
 
 
 def test_compiling_the_encoder_is_asked_for_explicitly():
-    from ocr_bundle.vllm_patches import COMPILE_ENV, compile_encoder_requested
+    from ocr_bundle.serve.vllm_patches import COMPILE_ENV, compile_encoder_requested
 
     assert COMPILE_ENV == "OCR_BUNDLE_COMPILE_ENCODER"
     assert all(compile_encoder_requested({COMPILE_ENV: value}) for value in ("1", "on", "TRUE", " yes "))
@@ -203,7 +203,7 @@ def test_the_attention_ops_fake_kernel_gets_the_real_layout():
     result = run_python(
         "import torch, vllm.v1.attention.ops.vit_attn_wrappers\n"
         "from torch._subclasses.fake_tensor import FakeTensorMode\n"
-        "from ocr_bundle.vllm_patches import give_flash_attn_fake_the_kernels_layout\n"
+        "from ocr_bundle.serve.vllm_patches import give_flash_attn_fake_the_kernels_layout\n"
         "print(give_flash_attn_fake_the_kernels_layout())\n"
         "with FakeTensorMode():\n"
         "    q = torch.empty(1, 16, 50, 64).transpose(1, 2)\n"

@@ -1,4 +1,4 @@
-"""ocr_bundle.warmup: one page per engine before start_optimized.sh says the server is ready,
+"""ocr_bundle.serve.warmup: one page per engine before start_optimized.sh says the server is ready,
 against the session's real vLLM server (CPU build, tiny checkpoint)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import requests
 
 from helpers import PYTHON, ROOT
 from ocr_bundle.client import OcrClient, OcrError
-from ocr_bundle.pollers import engine_count
-from ocr_bundle.warmup import warm_up
+from ocr_bundle.loadtest.pollers import engine_count
+from ocr_bundle.serve.warmup import warm_up
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def test_one_page_reaches_the_one_engine(vllm_server):
 
 
 def test_the_command_says_what_it_did(vllm_server):
-    done = subprocess.run([PYTHON, "-m", "ocr_bundle.warmup", "--url", vllm_server.url], cwd=ROOT,
+    done = subprocess.run([PYTHON, "-m", "ocr_bundle.serve.warmup", "--url", vllm_server.url], cwd=ROOT,
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("warm-up: 1 page (one per engine) in ")
@@ -34,6 +34,6 @@ def test_a_server_that_cannot_read_the_page_fails_the_warm_up(vllm_server, tmp_p
     # Past /health but not usable: here, a model name the server does not serve.
     with pytest.raises(OcrError, match="does not exist|not found|404"):
         warm_up(OcrClient(vllm_server.url, model="no-such-model"))
-    nobody = subprocess.run([PYTHON, "-m", "ocr_bundle.warmup", "--url", "http://127.0.0.1:9"], cwd=ROOT,
+    nobody = subprocess.run([PYTHON, "-m", "ocr_bundle.serve.warmup", "--url", "http://127.0.0.1:9"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert nobody.returncode == 1 and nobody.stderr.startswith("warm-up page failed: ")

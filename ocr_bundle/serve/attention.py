@@ -26,7 +26,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ocr_bundle.scaleout import nvidia_smi, visible_devices
+from ocr_bundle.serve.scaleout import nvidia_smi, visible_devices
 
 CHOICES = ("auto", "flash-attn", "flashinfer")
 # vLLM 0.26 decodes with XQA on SM90 only if NVIDIA's cubin server answers or flashinfer-cubin

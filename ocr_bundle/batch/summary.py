@@ -12,7 +12,8 @@ import datetime as dt
 import resource
 from pathlib import Path
 
-from .batch import BatchConverter, Document, PageStats
+from ..headroom import headroom_verdict
+from .pipeline import BatchConverter, Document, PageStats
 
 # Lists of pages in the summary are capped; every page is in its document's manifest anyway.
 LISTED = 200
@@ -36,15 +37,8 @@ def client_cost(stats: list[PageStats], render_workers: int, pages_per_s: float,
     send_capacity = 1 / send_cpu if send_cpu else None  # the sending threads share one core (the GIL)
     capacities = [c for c in (render_capacity, send_capacity) if c]
     waited = bool(wait and latency and wait > 0.05 * latency)
-    if not capacities or pages_per_s <= 0:
-        verdict = "n/a"
-    elif min(capacities) >= 2 * pages_per_s and not waited:
-        verdict = (f"not the bottleneck: the client could prepare and send ~{min(capacities):,.0f} pages/s, "
-                   f"{min(capacities) / pages_per_s:,.0f}× the measured {pages_per_s:.2f}")
-    else:
-        verdict = (f"MAY LIMIT THE RUN: client capacity ~{min(capacities):,.1f} pages/s against "
-                   f"{pages_per_s:.2f} measured" + ("; senders waited for pages to be prepared" if waited else "")
-                   + " (more --render-workers, or --encoding JPEG)")
+    verdict = headroom_verdict(min(capacities) if capacities else None, pages_per_s, waited=waited,
+                               remedy="more --render-workers, or --encoding JPEG")
     ms = lambda value: round(value * 1000, 2) if value is not None else None  # noqa: E731
     return {"render_workers": render_workers, "render_ms_per_page": ms(render), "render_cpu_ms_per_page": ms(render_cpu),
             "render_wait_ms_per_page": ms(wait), "send_cpu_ms_per_page": ms(send_cpu),

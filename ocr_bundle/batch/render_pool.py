@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from .images import (
+from ..images import (
     InputError,
     check_size,
     is_pdf,

@@ -1,9 +1,9 @@
 """A page through every engine before the start script says the server is ready.
 
-    python -m ocr_bundle.warmup [--url http://127.0.0.1:8000] [--image PATH] [--timeout S]
+    python -m ocr_bundle.serve.warmup [--url http://127.0.0.1:8000] [--image PATH] [--timeout S]
 
 A fresh engine's first page pays one-time costs: on a GPU, the vision encoder's
-torch.compile (15-44 s on an H200, when the launcher turns it on: ocr_bundle.tuning), plus
+torch.compile (15-44 s on an H200, when the launcher turns it on: ocr_bundle.serve.tuning), plus
 kernel selection and memory pools. /health answers long before that. One page per engine
 (vLLM's data-parallel replicas, counted from /metrics), all at once so the load balancer
 spreads them, with one output token each, pays those costs here instead of in a user's first
@@ -21,10 +21,11 @@ from pathlib import Path
 
 import requests
 
-from .client import OcrClient, OcrError, build_chat_request
-from .images import prepare_image_bytes
-from .pollers import engine_count
-from .samples import sample_path
+from ..client import OcrClient, OcrError, build_chat_request
+from ..images import prepare_image_bytes
+from ..loadtest.pollers import engine_count
+from ..samples import sample_path
+from ..settings import READ_TIMEOUT_S
 
 WARMUP_PAGE = sample_path("english_a4_document.png")  # a full A4 page: the encoder's usual shape
 
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=None, help="the vLLM server (env VLLM_URL; default http://127.0.0.1:8000)")
     parser.add_argument("--image", type=Path, default=WARMUP_PAGE)
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per page (default 600)")
+    parser.add_argument("--timeout", type=float, default=READ_TIMEOUT_S,
+                        help=f"seconds per page (default {READ_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
     client = OcrClient(args.url, read_timeout=args.timeout)
     try:

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 import requests
 
-from .client import OcrClient, OcrError, OcrResult, build_chat_request
+from ..client import OcrClient, OcrError, OcrResult, build_chat_request
+from ..draining import Countdown, drain
 
 
 @dataclass(frozen=True)
@@ -197,30 +198,27 @@ class Replayer:
         lock = threading.Lock()
         issued = 0
 
+        threads_count = min(concurrency, requests_count)
+        workers = Countdown(threads_count)
+
         def worker() -> None:
             nonlocal issued
-            while not stop.is_set():
-                with lock:
-                    if issued >= requests_count:
-                        return
-                    index, issued = issued, issued + 1
-                result = self.send(workloads[index % len(workloads)], level_start)
-                with lock:
-                    results.append(result)
-                on_result(result)
+            try:
+                while not stop.is_set():
+                    with lock:
+                        if issued >= requests_count:
+                            return
+                        index, issued = issued, issued + 1
+                    result = self.send(workloads[index % len(workloads)], level_start)
+                    with lock:
+                        results.append(result)
+                    on_result(result)
+            finally:
+                workers.finished()
 
-        threads = [threading.Thread(target=worker, name=f"c{concurrency}-{i}", daemon=True)
-                   for i in range(min(concurrency, requests_count))]
-        for thread in threads:
-            thread.start()
-        deadline = None
-        for thread in threads:
-            while thread.is_alive():
-                if stop.is_set() and deadline is None:
-                    deadline = time.monotonic() + grace_s
-                if deadline is not None and time.monotonic() > deadline:
-                    break
-                thread.join(0.2)  # a timed join: Ctrl-C is handled meanwhile
+        for i in range(threads_count):
+            threading.Thread(target=worker, name=f"c{concurrency}-{i}", daemon=True).start()
+        drain(workers.done, stop, grace_s)
         with lock:
             finished = sorted(results, key=lambda r: r.start_s)
             return LevelRun(finished, cancelled=requests_count - issued, abandoned=issued - len(finished))

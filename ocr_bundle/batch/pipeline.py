@@ -9,7 +9,7 @@ The pipeline, bounded whatever the input size:
       → DocumentOutput: page Markdown + manifest, written atomically as each page finishes
 
 Per page: a reply cut at max_tokens (finish_reason "length") or ending in a loop
-(ocr_bundle.repetition) is retried at a higher temperature, up to `max_attempts`; the best
+(ocr_bundle.batch.repetition) is retried at a higher temperature, up to `max_attempts`; the best
 attempt is kept and the page is flagged if none finished cleanly. Transport errors and
 5xx/429 are retried with backoff; a 4xx fails that page only. When the server stops
 answering, senders wait up to `server_wait_s` for it to come back, then the run ends
@@ -31,12 +31,23 @@ from pathlib import Path, PurePath
 
 import requests
 
-from .client import OcrClient, OcrError, OcrResult, build_chat_request
-from .files import remove_partials
-from .images import InputError, check_size
-from .inputs import InputFile, output_folders, pages_in
-from .manifest import (DONE, FAILED, FLAGGED, MANIFEST, OK, PAGED_KINDS, ConversionSettings, DocumentOutput,
-                       file_sha256, read_manifest)
+from ..client import OcrClient, OcrError, OcrResult, build_chat_request
+from ..draining import Countdown, drain
+from ..files import remove_partials
+from ..images import InputError, check_size
+from ..inputs import InputFile, output_folders, pages_in
+from .manifest import (
+    DONE,
+    FAILED,
+    FLAGGED,
+    MANIFEST,
+    OK,
+    PAGED_KINDS,
+    ConversionSettings,
+    DocumentOutput,
+    file_sha256,
+    read_manifest,
+)
 from .render_pool import CountJob, PageJob, RenderedPage, RenderPool
 from .repetition import Repetition, repeated_tail
 
@@ -312,8 +323,7 @@ class BatchConverter:
         prefetch = 2 * options.render_workers
         self._slots = threading.BoundedSemaphore(options.concurrency + prefetch)
         self._ready: queue.Queue = queue.Queue()
-        self._senders_left = 0
-        self._senders_done = threading.Event()
+        self._senders = Countdown(options.concurrency)
         self.convert_s = 0.0  # wall time of the conversion itself (after the scan)
         self.faults: list[str] = []  # what went wrong inside the converter itself (bugs, a full disk)
 
@@ -341,22 +351,20 @@ class BatchConverter:
     def _run_pipeline(self) -> None:
         senders = [threading.Thread(target=self._sender, name=f"sender-{i}", daemon=True)
                    for i in range(self.options.concurrency)]
-        self._senders_left = len(senders)
         producer = threading.Thread(target=self._producer, name="producer", daemon=True)
         producer.start()
         for sender in senders:
             sender.start()
-        drain_deadline = None
-        while not self._senders_done.wait(0.2):  # a timed wait: Ctrl-C is handled meanwhile
+
+        def tick() -> None:
             self.progress.tick()
             if self.watch.gone.is_set():
                 self.stopping.set()
-            if self.stopping.is_set() and drain_deadline is None:
-                drain_deadline = time.monotonic() + self.options.drain_s
-            if drain_deadline is not None and time.monotonic() > drain_deadline:
-                self.progress.message(f"{sum(s.is_alive() for s in senders)} page(s) still in flight after "
-                                      f"{self.options.drain_s:g} s: left pending")
-                break  # daemon threads: their pages stay pending, nothing half-written
+
+        if not drain(self._senders.done, self.stopping, self.options.drain_s, tick):
+            # Daemon threads: their pages stay pending, nothing half-written.
+            self.progress.message(f"{sum(s.is_alive() for s in senders)} page(s) still in flight after "
+                                  f"{self.options.drain_s:g} s: left pending")
         self.stopping.set()  # tells a producer still waiting for a slot to stop
 
     def _producer(self) -> None:
@@ -388,10 +396,7 @@ class BatchConverter:
         try:
             self._send_pages()
         finally:
-            with self._lock:
-                self._senders_left -= 1
-                if self._senders_left == 0:
-                    self._senders_done.set()
+            self._senders.finished()
 
     def _send_pages(self) -> None:
         session = self.client.new_session()

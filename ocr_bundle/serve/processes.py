@@ -1,13 +1,13 @@
 """Record, find, wait for and stop the bundle's background services: the one implementation.
 
-start_optimized.sh and stop_optimized.sh call it as `python3 -m ocr_bundle.processes ...`,
+start_optimized.sh and stop_optimized.sh call it as `python3 -m ocr_bundle.serve.processes ...`,
 the tests and the GPU benchmark driver import it. Standard library only, so any python3
 runs it, before the one with vLLM is known.
 
-    python3 -m ocr_bundle.processes record run/vllm.pid 12345
-    python3 -m ocr_bundle.processes running run/vllm.pid          # exit 0 and the PID if ours and alive
-    python3 -m ocr_bundle.processes wait-ready http://127.0.0.1:8000/health --pid-file run/vllm.pid --timeout 900
-    python3 -m ocr_bundle.processes stop run/vllm.pid --name vllm --grace 30
+    python3 -m ocr_bundle.serve.processes record run/vllm.pid 12345
+    python3 -m ocr_bundle.serve.processes running run/vllm.pid          # exit 0 and the PID if ours and alive
+    python3 -m ocr_bundle.serve.processes wait-ready http://127.0.0.1:8000/health --pid-file run/vllm.pid --timeout 900
+    python3 -m ocr_bundle.serve.processes stop run/vllm.pid --name vllm --grace 30
 
 Services are started with setsid, so each leads its own process group and its PID is the
 group id: stopping the group also stops the engine processes vLLM forks. A PID file holds
@@ -227,7 +227,7 @@ def wait_ready(url: str, alive: Callable[[], bool], timeout_s: float, accept: It
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m ocr_bundle.processes", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m ocr_bundle.serve.processes", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     record = commands.add_parser("record", help="write PID and start time of a started service")

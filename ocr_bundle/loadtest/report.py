@@ -9,7 +9,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from .files import atomic_write_json, atomic_write_text
+from ..files import atomic_write_json, atomic_write_text
+from ..headroom import headroom_verdict
 
 Series = dict[str, list[tuple[float, float]]]  # "gpu_used_mib" (all devices), "gpu0_used_mib", ...
 
@@ -76,11 +77,8 @@ def client_verdict(report: dict) -> str:
         capacity, measured = level.get("client_max_pages_per_s"), level.get("pages_per_s") or 0
         if capacity is None or measured <= 0:
             continue
-        ratio = capacity / measured
-        verdict = "not the bottleneck" if ratio >= 2 else "MAY LIMIT THE MEASUREMENT"
         lines.append(f"- concurrency {level['concurrency']}: client CPU {level['client_cpu_per_request_s'] * 1000:.1f} ms "
-                     f"per request → one core drives ~{capacity:,.0f} pages/s, {ratio:,.0f}× the measured "
-                     f"{measured:.2f} pages/s: {verdict}")
+                     f"per request (one core): {headroom_verdict(capacity, measured, remedy='--no-stream')}")
     return "\n".join(lines)
 
 

@@ -11,13 +11,13 @@ every default run of its machine. Alone, 128-token blocks had given +3.3%, insid
 (seventh session).
 
 Where it was not measured, vLLM's defaults stay:
-- fp8 KV cache: the launcher picks FlashInfer there (ocr_bundle.attention), which takes
+- fp8 KV cache: the launcher picks FlashInfer there (ocr_bundle.serve.attention), which takes
   blocks of at most 64 tokens on Hopper; 64 gave +1.6%, inside the noise.
 - GPUs other than Hopper: other attention kernels, other block constraints.
 - vLLM's CPU backend: the bundle's encoder patch does not apply to its vLLM.
 
 The compiled encoder costs one build, inside the engine, when it encodes its first image:
-15-44 s on an H200. start_optimized.sh sends a warm-up page per engine (ocr_bundle.warmup)
+15-44 s on an H200. start_optimized.sh sends a warm-up page per engine (ocr_bundle.serve.warmup)
 before it reports the server ready, so users never wait for it.
 """
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ocr_bundle import attention
-from ocr_bundle.vllm_patches import COMPILE_ENV
+from ocr_bundle.serve import attention
+from ocr_bundle.serve.vllm_patches import COMPILE_ENV
 
 COMPILE_CHOICES = ("auto", "on", "off")
 BLOCK_SIZE = 128  # tokens per KV-cache block; FlashAttention takes any multiple of 16

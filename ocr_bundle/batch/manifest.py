@@ -34,7 +34,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .files import atomic_write_json, atomic_write_text
+from ..files import atomic_write_json, atomic_write_text
 
 FORMAT = 2  # 1: one basis for the whole document (upgraded on load)
 MANIFEST = "manifest.json"

@@ -27,13 +27,13 @@ inside the patched code says so.
 With the patch, `OCR_BUNDLE_COMPILE_ENCODER=1` runs the encoder's 24-layer transformer
 stack under torch.compile (Inductor), which vLLM 0.26 does not do for Pixtral (its encoder
 does not opt in to `compile_mm_encoder`). The launcher sets it where it was measured to win
-(ocr_bundle.tuning). It compiles once, on the first image the engine encodes, with the patch
+(ocr_bundle.serve.tuning). It compiles once, on the first image the engine encodes, with the patch
 count dynamic so pages of other sizes reuse the code; if compiling fails, one log line says
 so and the encoder runs eagerly. Without the patch the variable has no effect, and the
 patch's log line says so.
 
 How it reaches every process: start_vllm_server.py runs vLLM through
-`python -m ocr_bundle.vllm_serve`, which calls `apply()` at import time. Forked vLLM
+`python -m ocr_bundle.serve.vllm_serve`, which calls `apply()` at import time. Forked vLLM
 processes inherit the patched classes; spawned ones re-import that main module first.
 """
 
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 UPSTREAM_FIX = "vllm-project/vllm#52185"
 # Set to "off" to run vLLM unpatched (the benchmarks' before/after comparison).
 DISABLE_ENV = "OCR_BUNDLE_VLLM_PATCHES"
-# "1" compiles the patched encoder's transformer stack (set by the launcher: ocr_bundle.tuning).
+# "1" compiles the patched encoder's transformer stack (set by the launcher: ocr_bundle.serve.tuning).
 COMPILE_ENV = "OCR_BUNDLE_COMPILE_ENCODER"
 # vLLM version -> fingerprint of the Pixtral methods the patch replaces, as proven there.
 VERIFIED = {"0.26.0": "38e27c21636a6f22"}
@@ -213,7 +213,7 @@ def blame_patch(function):
             return function(*args, **kwargs)
         except Exception as exc:
             exc.add_note(f"Raised inside the LightOnOCR bundle's patch of vLLM's Pixtral encoder "
-                         f"(ocr_bundle/vllm_patches.py): {DISABLE_ENV}=off runs vLLM as shipped.")
+                         f"(ocr_bundle/serve/vllm_patches.py): {DISABLE_ENV}=off runs vLLM as shipped.")
             raise
 
     return wrapper

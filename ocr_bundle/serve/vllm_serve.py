@@ -1,7 +1,7 @@
-"""Run a vLLM entry module with the bundle's vLLM fixes (ocr_bundle.vllm_patches) applied.
+"""Run a vLLM entry module with the bundle's vLLM fixes (ocr_bundle.serve.vllm_patches) applied.
 
-    python -m ocr_bundle.vllm_serve vllm.entrypoints.cli.main serve --model ... [vLLM flags]
-    python -m ocr_bundle.vllm_serve vllm.entrypoints.openai.api_server --model ...
+    python -m ocr_bundle.serve.vllm_serve vllm.entrypoints.cli.main serve --model ... [vLLM flags]
+    python -m ocr_bundle.serve.vllm_serve vllm.entrypoints.openai.api_server --model ...
 
 start_vllm_server.py builds this command; run it by hand only to debug.
 """
@@ -9,7 +9,7 @@ start_vllm_server.py builds this command; run it by hand only to debug.
 import runpy
 import sys
 
-from ocr_bundle import vllm_patches
+from ocr_bundle.serve import vllm_patches
 
 # At import time on purpose: vLLM starts its engine with multiprocessing, and a spawned
 # child re-imports the parent's main module (this one, hence alter_sys=False below: it
@@ -19,7 +19,7 @@ vllm_patches.apply()
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
-        sys.exit("usage: python -m ocr_bundle.vllm_serve VLLM_ENTRY_MODULE [arguments]")
+        sys.exit("usage: python -m ocr_bundle.serve.vllm_serve VLLM_ENTRY_MODULE [arguments]")
     entry = sys.argv[1]
     sys.argv = [entry, *sys.argv[2:]]
     runpy.run_module(entry, run_name="__main__", alter_sys=False)
