@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Create (or reuse) the CPU environment: vLLM's CPU build + the bundle + test tools.
 #
-#   scripts/setup_cpu_env.sh            # prints the venv path on its last line
+#   scripts/setup_cpu_env.sh            # prints the environment's folder on its last line
+#   scripts/setup_cpu_env.sh --prune    # delete the builds no link and no running process uses
 #
 # The venv lives outside the work tree (~6 GB) so every clone on this machine, CI's
-# included, reuses it; it is rebuilt when requirements-cpu.txt / requirements-bundle.txt
-# or this script change (a stamp file holds their hash).
+# included, reuses it. Each set of requirements (requirements-cpu.txt, requirements-bundle.txt
+# and this script, hashed into a stamp) has its own build, $VENV.<stamp>; $VENV links to the
+# latest. The last line printed is the build itself, not the link: a caller keeps using the
+# build it was given even if another checkout moves the link meanwhile.
+#
+# Builds are never deleted behind anyone's back: another checkout (other requirements) or a
+# running CI job may be using an older one. `--prune` reclaims the space of builds that are
+# neither linked nor in use by a running process (its command line or its loaded libraries).
 #
 # Safe to run twice at once and to interrupt:
 #   * a lock ($VENV.lock) lets one build run; the other waits, then reuses it;
@@ -41,10 +48,33 @@ BUILD="$VENV.${want:0:16}"
 
 ready() { [[ -L "$VENV" && -x "$VENV/bin/python" && -f "$VENV/.stamp" && "$(cat "$VENV/.stamp")" == "$want" ]]; }
 ours() { [[ -f "$1/$MARKER" ]]; }
+complete() { ours "$1" && [[ -x "$1/bin/python" && -f "$1/.stamp" && "$(cat "$1/.stamp")" == "$want" ]]; }
+in_use() {  # a running process started from the build, or with its libraries loaded
+  local build=$1 proc
+  for proc in /proc/[0-9]*; do
+    if tr '\0' ' ' <"$proc/cmdline" 2>/dev/null | grep -qF "$build/" \
+       || grep -qF "$build/" "$proc/maps" 2>/dev/null; then
+      return 0
+    fi
+  done
+  return 1
+}
+
+if [[ "${1:-}" == "--prune" ]]; then
+  linked=$(readlink -f "$VENV" 2>/dev/null || true)
+  for old in "$VENV".*; do
+    [[ -d "$old" && ! -L "$old" ]] && ours "$old" || continue
+    if [[ "$old" == "$linked" ]]; then echo "kept $old (linked)" >&2
+    elif in_use "$old"; then echo "kept $old (in use by a running process)" >&2
+    else rm -rf "$old" "$old.install.log"; echo "deleted $old" >&2
+    fi
+  done
+  exit 0
+fi
 
 if ready; then
   echo "reusing CPU environment $VENV" >&2
-  echo "$VENV"
+  readlink -f "$VENV"
   exit 0
 fi
 
@@ -56,7 +86,7 @@ if ! flock -n 9; then
 fi
 if ready; then  # built by the one we waited for
   echo "reusing CPU environment $VENV" >&2
-  echo "$VENV"
+  readlink -f "$VENV"
   exit 0
 fi
 
@@ -67,6 +97,20 @@ if [[ -e "$VENV" || -L "$VENV" ]] && [[ ! -L "$VENV" ]] \
   echo "setup refused: $VENV exists and is not an environment this script made; move it away or set" \
        "LIGHTONOCR_VENV to another path" >&2
   exit 1
+fi
+publish() {  # one rename switches the link to the complete build
+  local link="$VENV.link-$$"
+  ln -s "$(basename "$BUILD")" "$link"
+  if [[ -d "$VENV" && ! -L "$VENV" ]]; then
+    rm -rf "$VENV"  # an older in-place venv of ours (checked above)
+  fi
+  mv -T "$link" "$VENV"
+}
+if complete "$BUILD"; then  # built before for these requirements (another checkout moved the link)
+  publish
+  echo "reusing CPU environment $BUILD" >&2
+  echo "$BUILD"
+  exit 0
 fi
 if [[ -e "$BUILD" ]]; then
   if ! ours "$BUILD"; then
@@ -105,17 +149,7 @@ PY
 fi
 echo "$want" > "$BUILD/.stamp"
 
-# Publish: one rename switches the link to the complete build.
-link="$VENV.link-$$"
-ln -s "$(basename "$BUILD")" "$link"
-if [[ -d "$VENV" && ! -L "$VENV" ]]; then
-  rm -rf "$VENV"  # an older in-place venv of ours (checked above)
-fi
-mv -T "$link" "$VENV"
-# Earlier builds of ours are no longer linked: reclaim their space.
-for old in "$VENV".*; do
-  if [[ "$old" != "$BUILD" && -d "$old" && ! -L "$old" ]] && ours "$old"; then
-    rm -rf "$old" "$old.install.log"
-  fi
-done
-echo "$VENV"
+publish
+others=$(find "$(dirname "$VENV")" -maxdepth 1 -name "$(basename "$VENV").*" -type d ! -path "$BUILD" | wc -l)
+(( others )) && echo "$others earlier build(s) kept beside it (in use elsewhere?): $0 --prune reclaims the unused" >&2
+echo "$BUILD"
