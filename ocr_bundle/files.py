@@ -10,10 +10,12 @@ What that guarantees depends on `durable`:
 - always: a killed process (SIGKILL, Ctrl-C, an out-of-memory kill) never leaves half a
   file under the real name;
 - `durable=True` only: a power cut or kernel crash does not either. Without it the kernel
-  may write the rename to disk before the data, and after a reboot the file can be
-  empty. Durable writes fsync the data before the rename and the folder after it, which
-  costs a few milliseconds: the batch converter writes its page files and manifests
-  (the only record of finished work) this way.
+  may put the rename on disk before the data, and after a reboot the name can hold an
+  empty file. Durable writes fsync the data before the rename (a few milliseconds). The
+  rename itself may still be lost to a power cut, leaving the old file: callers that
+  need it must treat "the old file" as a valid state. The batch converter does: a
+  manifest that lost its last pages, or a page file that is missing, means "convert that
+  page again", never "lost".
 """
 
 from __future__ import annotations
@@ -37,20 +39,9 @@ def atomic_write_bytes(path: Path, data: bytes, durable: bool = False) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(temporary, path)
-        if durable:
-            _fsync_folder(path.parent)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make a rename in `folder` durable: the folder's entry is data too."""
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def atomic_write_text(path: Path, text: str, durable: bool = False) -> None:

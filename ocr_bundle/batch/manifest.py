@@ -192,18 +192,20 @@ class DocumentOutput:
         """Store one finished page: its Markdown first, then the manifest that lists it.
         A page without text (failed) never replaces one with text: the failure is noted
         beside the text kept. True when the record was stored as given."""
+        key = str(page)
+        record = {**record, "source_sha256": self.manifest["source_sha256"], "settings": self.manifest["settings"]}
+        if text is not None:
+            # Outside the lock: pages of one document are written side by side. A kill before the
+            # manifest lists it leaves the earlier record, which a rerun converts again.
+            path = self.page_file(page)
+            atomic_write_text(path, text, durable=True)
+            record["file"] = path.relative_to(self.folder).as_posix()
         with self._lock:
-            key = str(page)
             earlier = self.manifest["pages"].get(key)
             if text is None and earlier is not None and self._has_text(earlier):
                 self.manifest["pages"][key] = {**earlier, "redo_error": record.get("error"), "redo_at": now()}
                 self._save()
                 return False
-            record = {**record, "source_sha256": self.manifest["source_sha256"],
-                      "settings": self.manifest["settings"]}
-            if text is not None:
-                atomic_write_text(self.page_file(page), text, durable=True)
-                record["file"] = self.page_file(page).relative_to(self.folder).as_posix()
             self.manifest["pages"][key] = record
             self._save()
             return True
