@@ -128,6 +128,29 @@ def test_the_batch_converter_puts_the_right_text_on_the_right_page_in_order(read
     assert (out / "line.png" / "line.md").read_text().strip() == LINE
 
 
+def test_a_multi_page_tiff_is_read_page_by_page(reader_server, tmp_path: Path):
+    """A fax-style TIFF of three printed lines: each frame is its own page, read in order, and
+    --pages picks frames like PDF pages."""
+    lines = ["page one 11", "page two 22", "page three 33"]
+    frames = [train_reader.render_line(text).convert("L") for text in lines]
+    tiff = tmp_path / "in" / "fax.tif"
+    tiff.parent.mkdir()
+    frames[0].save(tiff, save_all=True, append_images=frames[1:])
+    out = tmp_path / "out"
+    some = batch(reader_server.url, str(tiff), "--out", str(out), "--max-tokens", "64", "--temperature", "0",
+                 "--pages", "2-3")
+    assert some.returncode == 0, some.stderr
+    assert sorted(json.loads((out / "fax.tif" / "manifest.json").read_text())["pages"]) == ["2", "3"]
+    rest = batch(reader_server.url, str(tiff), "--out", str(out), "--max-tokens", "64", "--temperature", "0")
+    assert rest.returncode == 0 and "3 page(s): 2 done before, 1 to convert" in rest.stderr
+    for n, text in enumerate(lines, start=1):
+        assert (out / "fax.tif" / "pages" / f"{n:04d}.md").read_text().strip() == text
+    document = (out / "fax.tif" / "fax.md").read_text()
+    assert [document.index(f"<!-- page {n} -->") for n in (1, 2, 3)] == sorted(
+        document.index(f"<!-- page {n} -->") for n in (1, 2, 3))
+    assert document.index("page one 11") < document.index("page two 22") < document.index("page three 33")
+
+
 def test_a_max_tokens_cut_takes_the_retry_path_with_the_real_text(reader_server, tmp_path: Path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "line.png").write_bytes(encode(train_reader.render_line(LINE)))

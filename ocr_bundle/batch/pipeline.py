@@ -92,7 +92,6 @@ class Document:
     todo: list[int]  # not done yet
     error: str | None = None  # why the file cannot be read at all
     note: str | None = None  # why earlier work is not reused as it is
-    remaining: int = 0  # pages of `todo` not recorded yet in this run
     touched: bool = False  # a page was recorded in this run
     recorded: set[int] = field(default_factory=set)  # pages of `todo` recorded in this run
 
@@ -161,7 +160,7 @@ def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, 
         pages = pages_in(options.pages, count) if kind in PAGED_KINDS else [1]
         done = set() if options.force else output.done_pages((OK,) if options.redo_flagged else DONE)
         todo = [page for page in pages if page not in done]
-        documents.append(Document(item, output, kind, pages, todo, None, note, remaining=len(todo)))
+        documents.append(Document(item, output, kind, pages, todo, None, note))
     return documents
 
 
@@ -505,8 +504,7 @@ class BatchConverter:
                 self.counts.flags.append({**where, "flag": record["flag"]})
             document.touched = True
             document.recorded.add(page)
-            document.remaining -= 1
-            finished = document.remaining == 0
+            finished = len(document.recorded) == len(document.todo)
         self.progress.page(status)
         if finished:
             self.progress.document(document, document.output.write_document(document.pages))

@@ -324,16 +324,19 @@ class RenderPool:
             worker.kill()
 
     # ------------------------------------------------------------ closing
-    def close(self) -> None:
-        """Fail what is still queued, stop the workers; returns within a few seconds."""
-        self._closing.set()
+    def _fail_queued(self) -> None:
         while True:
             try:
                 item = self._jobs.get_nowait()
             except queue.Empty:
-                break
+                return
             if item is not None:
                 item[1].set_result(failure(item[0], STOPPING))
+
+    def close(self) -> None:
+        """Fail what is still queued, stop the workers; returns within a few seconds."""
+        self._closing.set()
+        self._fail_queued()
         for _ in self._slots:
             self._jobs.put(None)
         deadline = time.monotonic() + CLOSE_GRACE_S
@@ -345,6 +348,7 @@ class RenderPool:
             worker.process.kill()
         for slot in self._slots:
             slot.join(CLOSE_GRACE_S)
+        self._fail_queued()  # a job submitted while closing, behind the slots' last call
 
     def __enter__(self) -> RenderPool:
         return self
