@@ -306,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     if (problem := exposure.page_problem(args.host, args.auth, bool(args.api_key))) is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    for line in exposure.open_warnings(args.host, False, args.host, args.auth == exposure.OPEN_ON_PURPOSE):
-        print(line, file=sys.stderr)
+    if (warning := exposure.page_warning(args.host, args.auth)) is not None:
+        print(warning, file=sys.stderr)
     client = OcrClient(args.url, api_key=args.api_key, model=args.model, read_timeout=args.timeout)
     max_bytes = int(args.max_upload_mb * 1024 * 1024)
     page = build_ui(client, PageSettings(max_upload_bytes=max_bytes, concurrency=args.concurrency))

@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_model_len < PAGE_PROMPT_TOKENS + MAX_OUTPUT_TOKENS:
         print(f"warning: --max-model-len {args.max_model_len} leaves ~{args.max_model_len - PAGE_PROMPT_TOKENS} "
               f"output tokens for a full page; dense pages need up to {MAX_OUTPUT_TOKENS}", file=sys.stderr)
-    for line in exposure.open_warnings(args.host, not args.api_key, None, False):
-        print(line, file=sys.stderr)
+    if (warning := exposure.api_warning(args.host, bool(args.api_key))) is not None:
+        print(warning, file=sys.stderr)
     if looks_like_path(args.model) and (Path(os.path.expanduser(args.model)) / "random_weights.json").exists():
         print("note: this is a generated random-weight checkpoint: it answers with random text. "
               "Real OCR needs the real weights (lightonai/LightOnOCR-2-1B).", file=sys.stderr)

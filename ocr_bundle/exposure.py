@@ -54,16 +54,20 @@ def page_problem(host: str, auth: str | None, has_key: bool) -> str | None:
             f"(and reach it through an SSH tunnel), or set UI_AUTH={OPEN_ON_PURPOSE} if it is meant to be open.")
 
 
-def open_warnings(api_host: str, api_open: bool, page_host: str | None, page_open: bool) -> list[str]:
-    """Loud lines for services left open on purpose beyond loopback."""
-    lines = []
-    if api_open and not is_loopback(api_host):
-        lines.append(f"WARNING: the vLLM API on {api_host} has no API key, on purpose (ALLOW_OPEN_API): "
-                     "anyone who can reach it can use it.")
-    if page_host is not None and page_open and not is_loopback(page_host):
-        lines.append(f"WARNING: the page on {page_host} has no login, on purpose (UI_AUTH={OPEN_ON_PURPOSE}): "
-                     "anyone who can reach it can use the server through it.")
-    return lines
+def api_warning(host: str, has_key: bool) -> str | None:
+    """A loud line for an API left open on purpose beyond loopback (None otherwise)."""
+    if has_key or is_loopback(host):
+        return None
+    return (f"WARNING: the vLLM API on {host} has no API key, on purpose (ALLOW_OPEN_API): "
+            "anyone who can reach it can use it.")
+
+
+def page_warning(host: str, auth: str | None) -> str | None:
+    """A loud line for a page left open on purpose beyond loopback (None otherwise)."""
+    if auth != OPEN_ON_PURPOSE or is_loopback(host):
+        return None
+    return (f"WARNING: the page on {host} has no login, on purpose (UI_AUTH={OPEN_ON_PURPOSE}): "
+            "anyone who can reach it can use the server through it.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
     if problems:
         return 2
-    page_open = args.page_auth == OPEN_ON_PURPOSE
-    for line in open_warnings(args.api_host, not args.api_key_set, args.page_host, page_open):
+    warnings = [api_warning(args.api_host, args.api_key_set)]
+    if args.page_host is not None:
+        warnings.append(page_warning(args.page_host, args.page_auth))
+    for line in filter(None, warnings):
         print("#" * 80 + f"\n{line}\n" + "#" * 80, file=sys.stderr)
     return 0
 

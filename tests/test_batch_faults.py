@@ -55,12 +55,11 @@ class Run:
     code: int
     out: str
     err: str
+    out_folder: Path
 
     @property
     def summary(self) -> dict:
-        return json.loads((Path(self.out_folder) / "run-summary.json").read_text())
-
-    out_folder: str = ""
+        return json.loads((self.out_folder / "run-summary.json").read_text())
 
 
 def convert(capsys, url: str, out: Path, *argv: str) -> Run:
@@ -70,7 +69,7 @@ def convert(capsys, url: str, out: Path, *argv: str) -> Run:
                            "--max-attempts", "1", *argv])
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err + captured.out
-    return Run(code, captured.out, captured.err, str(out))
+    return Run(code, captured.out, captured.err, out)
 
 
 def small_pdf(path: Path, pages: int) -> Path:
