@@ -72,7 +72,7 @@ def run_summary(converter: BatchConverter, documents: list[Document], *, started
         "documents": len(documents),
         "pages": {"in_scope": in_scope, "skipped": in_scope - todo, "to_convert": todo, "ok": counts.ok,
                   "flagged": counts.flagged, "failed": counts.failed,
-                  "pending": todo - counts.ok - counts.flagged - counts.failed},
+                  "pending": sum(len(d.pending()) for d in documents)},
         "requests": counts.requests,
         "scan_s": round(scan_s, 3),
         "convert_s": round(converter.convert_s, 3),
