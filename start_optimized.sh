@@ -4,8 +4,8 @@
 #   ./start_optimized.sh                      # GPU: lightonai/LightOnOCR-2-1B; no GPU: test checkpoint on CPU
 #   MODEL=/models/LightOnOCR-2-1B HOST=0.0.0.0 VLLM_API_KEY=s3cret UI_AUTH=me:pw ./start_optimized.sh
 #   ./start_optimized.sh --max-num-seqs 64    # extra arguments go to start_vllm_server.py
-#   NODES=2 NODE_RANK=0 HEAD_ADDRESS=10.0.0.1 ./start_optimized.sh   # head of two machines (API + page)
-#   NODES=2 NODE_RANK=1 HEAD_ADDRESS=10.0.0.1 ./start_optimized.sh   # the other: headless engine replicas
+#   ROUTER=on HOST=0.0.0.0 VLLM_API_KEY=s3cret UI_AUTH=me:pw ./start_optimized.sh   # head of several machines
+#   JOIN=http://10.0.0.1:8000 HOST=0.0.0.0 VLLM_API_KEY=s3cret ./start_optimized.sh  # another one joins it
 #
 # Configuration (environment; flags for the launcher go after the script name):
 #   MODEL          hub id or checkpoint folder (default: the hub model on a GPU box; without a GPU,
@@ -23,8 +23,13 @@
 #                  start builds kernels and compiles the vision encoder)
 #   DATA_PARALLEL_SIZE  engine replicas on this machine (default auto: one per visible GPU,
 #                  CUDA_VISIBLE_DEVICES respected; 1 keeps one GPU)
-#   NODES, NODE_RANK, HEAD_ADDRESS  several machines behind the head's one endpoint (vLLM data
-#                  parallelism; node 0 is the head; the others start headless replicas, no page)
+#   ROUTER         on: the head of several machines. vllm-router on HOST:PORT is the one endpoint (page
+#                  and clients use it); this machine's own server runs on 127.0.0.1:SERVER_PORT (default
+#                  PORT+1) and joins it. only: the router (and page) with no server here
+#   JOIN           the head's endpoint, e.g. http://10.0.0.1:8000: this machine's server (HOST:PORT, no
+#                  page) joins the head's router once it has read its warm-up page, stays joined (also
+#                  across a restart of the head) and leaves it on ./stop_optimized.sh
+#   ROUTER_REQUEST_TIMEOUT, ROUTER_METRICS_PORT  the router's (python -m ocr_bundle.serve.router --help)
 #   MAX_PAGES_IN_FLIGHT, KV_CACHE_DTYPE, GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, ...
 #                  read by start_vllm_server.py (its --help lists them); e.g. MAX_PAGES_IN_FLIGHT=64
 #                  sizes GPU memory for 64 pages at once instead of taking 90% of the card
@@ -44,26 +49,50 @@ PYTHON="${PYTHON:-}"
 STARTUP_TIMEOUT="${STARTUP_TIMEOUT:-900}"
 UI_TIMEOUT="${UI_TIMEOUT:-120}"
 TINY_CHECKPOINT="$ROOT/models/lightonocr-tiny"
-export DATA_PARALLEL_SIZE="${DATA_PARALLEL_SIZE:-auto}" NODES="${NODES:-1}" NODE_RANK="${NODE_RANK:-0}"
-export HEAD_ADDRESS="${HEAD_ADDRESS:-}"
-role=head; [[ "$NODE_RANK" != 0 ]] && role=worker  # a worker runs headless engines only: no API server, no page
+export DATA_PARALLEL_SIZE="${DATA_PARALLEL_SIZE:-auto}"
+ROUTER="${ROUTER:-off}"
+JOIN="${JOIN:-}"
 UI="${UI:-on}"
 
 say() { echo "[start] $*"; }
 die() { echo "[start] ERROR: $*" >&2; exit 1; }
 
+# ---- role: one machine (single), the head of several (router in front), or a machine joining a head
+if [[ -n "${NODE_RANK:-}${HEAD_ADDRESS:-}" || "${NODES:-1}" != 1 ]]; then
+  die "NODES/NODE_RANK/HEAD_ADDRESS (headless data-parallel nodes) are gone: each machine now runs its own server \
+behind the head's router. Head: ROUTER=on ./start_optimized.sh; every other machine: \
+JOIN=http://HEAD_ADDRESS:PORT HOST=0.0.0.0 VLLM_API_KEY=... ./start_optimized.sh (README, Scale)"
+fi
+[[ "$ROUTER" =~ ^(on|only|off)$ ]] || die "ROUTER must be on, only or off, not '$ROUTER'"
+role=single
+[[ "$ROUTER" != off ]] && role=head
+if [[ -n "$JOIN" ]]; then
+  [[ $role == head ]] && die "ROUTER=$ROUTER and JOIN exclude each other: a machine is the head or joins one"
+  [[ "$JOIN" =~ ^https?://[^/]+/?$ ]] || die "JOIN must be the head's endpoint, like http://10.0.0.1:8000, not '$JOIN'"
+  role=worker UI=off  # a joining machine serves through the head: no page here
+fi
+has_server=true; [[ "$ROUTER" == only ]] && has_server=false
+# Where this machine's vLLM server listens: on the head, behind the router, reachable from here only.
+if [[ $role == head ]]; then SERVER_HOST=127.0.0.1 SERVER_PORT="${SERVER_PORT:-$((PORT + 1))}"
+else SERVER_HOST=$HOST SERVER_PORT=$PORT; fi
+
 mkdir -p "$RUN_DIR"
 
 # ---- refuse to start twice
-for service in vllm ui; do
+for service in vllm ui router membership; do
   if pid=$(service_pid "$service"); then
     die "$service is already running (PID $pid). Stop it first: ./stop_optimized.sh"
   fi
 done
 
 # ---- exposure: beyond loopback, the API needs a key and the page a login (or an explicit opt-out)
-if [[ $role == head ]]; then
+if [[ $role == worker ]]; then
+  exposure_args=(--api-host "$HOST" --joins)
+  [[ -n "$VLLM_API_KEY" ]] && exposure_args+=(--api-key-set)
+  PYTHONPATH="$ROOT" python3 -m ocr_bundle.exposure "${exposure_args[@]}" || exit 2
+else
   exposure_args=(--api-host "$HOST")
+  [[ $role == head ]] && exposure_args+=(--router)
   [[ -n "$VLLM_API_KEY" ]] && exposure_args+=(--api-key-set)
   [[ "${ALLOW_OPEN_API:-}" =~ ^(1|true|yes)$ ]] && exposure_args+=(--allow-open-api)
   [[ $UI != off ]] && exposure_args+=(--page-host "$UI_HOST" --page-auth "$UI_AUTH")
@@ -83,9 +112,10 @@ public_address() {
 }
 port_in_use() { (exec 3<>"/dev/tcp/$(local_address "$1")/$2") 2>/dev/null; }
 
-checks=("$HOST:$PORT:vLLM:PORT")
+checks=()
+[[ $role == head ]] && checks+=("$HOST:$PORT:router:PORT")
+[[ $has_server == true ]] && checks+=("$SERVER_HOST:$SERVER_PORT:vLLM:$([[ $role == head ]] && echo SERVER_PORT || echo PORT)")
 [[ $UI == off ]] || checks+=("$UI_HOST:$UI_PORT:page:UI_PORT")
-[[ $role == worker ]] && checks=()
 for check in "${checks[@]}"; do
   IFS=: read -r h p what variable <<<"$check"
   if port_in_use "$h" "$p"; then
@@ -106,7 +136,12 @@ if [[ -z "$PYTHON" ]]; then
     die "vLLM is not installed for python3. On this GPU box: pip install -r requirements.txt (or set PYTHON)"
   fi
 fi
-if [[ -z "$MODEL" ]]; then
+if [[ $role == head ]] && ! "$PYTHON" -c "import vllm_router" >/dev/null 2>&1; then
+  die "vllm-router is not installed for $PYTHON: pip install -r requirements.txt (it pins vllm-router)"
+fi
+if [[ $has_server == false ]]; then
+  :  # ROUTER=only: no model here
+elif [[ -z "$MODEL" ]]; then
   if [[ $has_gpu == true ]]; then
     MODEL="lightonai/LightOnOCR-2-1B"
   else
@@ -118,7 +153,7 @@ if [[ -z "$MODEL" ]]; then
     say "no GPU: serving the generated test checkpoint on vLLM's CPU backend."
   fi
 fi
-if [[ -f "$MODEL/random_weights.json" ]]; then
+if [[ -n "$MODEL" && -f "$MODEL/random_weights.json" ]]; then
   say "$MODEL has random weights: it answers with random text."
   say "Real OCR needs the real weights (MODEL=lightonai/LightOnOCR-2-1B or a local copy), best on a GPU."
 fi
@@ -132,7 +167,7 @@ on_exit() {
       echo "---- last lines of $RUN_DIR/$name.log ----" >&2
       tail -n 40 "$RUN_DIR/$name.log" >&2 || true
     done
-    for name in ui vllm; do
+    for name in ui membership vllm router; do
       if [[ " ${started[*]} " == *" $name "* ]]; then
         stop_service "$name" >&2 || true
       fi
@@ -155,34 +190,58 @@ launch() {  # launch NAME COMMAND...: own process group, log, PID file with star
   processes record "$(pid_file "$name")" $! || die "$name exited at once"
 }
 
-export VLLM_API_KEY  # the launcher and the page read it from the environment, never argv
+membership() { PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.membership "$@"; }
+export VLLM_API_KEY  # the launcher, the router, the membership keeper and the page read it from the environment
+api_local="http://$(local_address "$HOST"):$PORT"   # what the page and the readiness checks use
+if [[ $role == head ]]; then
+  say "starting the router (vllm-router) on $HOST:$PORT; log: $RUN_DIR/router.log"
+  launch router env PYTHONPATH="$ROOT" "$PYTHON" -m ocr_bundle.serve.router --host "$HOST" --port "$PORT"
+  wait_ready router "$api_local/liveness" 120
+  say "router is ready (PID $(service_pid router)); servers join it as they become ready"
+fi
+if [[ $has_server == true ]]; then
+  server_local="http://$(local_address "$SERVER_HOST"):$SERVER_PORT"
+  say "starting vLLM ($MODEL) on $SERVER_HOST:$SERVER_PORT; log: $RUN_DIR/vllm.log"
+  launch vllm "$PYTHON" "$ROOT/start_vllm_server.py" --model "$MODEL" --host "$SERVER_HOST" --port "$SERVER_PORT" "$@"
+  wait_ready vllm "$server_local/health" "$STARTUP_TIMEOUT"
+  # /health answers before the engines have read a page; a first page pays one-time costs (on a
+  # GPU, compiling the vision encoder: 15-45 s). Pay them now, one page per engine, before any
+  # client (or router) sends work here.
+  say "warming up: one page per engine$([[ $has_gpu == true ]] && echo ' (on a GPU this compiles the vision encoder)')"
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ocr_bundle.serve.warmup --url "$server_local" \
+    --timeout "$STARTUP_TIMEOUT" | sed 's/^/[start] /' || die "vLLM answers /health but cannot read a page (see above)"
+  say "vLLM is ready (PID $(service_pid vllm)); $(grep -m1 -oE 'serving on [0-9]+ GPUs?: [a-z ]+[0-9]*' "$RUN_DIR/vllm.log" || echo 'one engine')"
+fi
+
+if [[ $role != single && $has_server == true ]]; then
+  if [[ $role == head ]]; then router_url=$api_local; worker_url=$server_local
+  else router_url=${JOIN%/}; worker_url=$(membership advertise --bind "$HOST" --port "$PORT" --router "$router_url"); fi
+  joined=true
+  membership join --router "$router_url" --worker "$worker_url" | sed 's/^/[start] /' || {
+    case ${PIPESTATUS[0]} in
+      3) joined=false; say "the router at $router_url does not answer yet: this server joins it as soon as it does" ;;
+      *) die "the router at $router_url refused this server (see above)" ;;
+    esac; }
+  # Stays joined (a restarted head gets it back), leaves on ./stop_optimized.sh.
+  launch membership env PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.membership keep --router "$router_url" \
+    --worker "$worker_url" --pid-file "$(pid_file vllm)"
+fi
+
 if [[ $role == worker ]]; then
-  [[ -n "$HEAD_ADDRESS" ]] || die "NODE_RANK=$NODE_RANK needs HEAD_ADDRESS (the head node's private address)"
-  say "starting headless vLLM engines (node $NODE_RANK of $NODES, joining $HEAD_ADDRESS); log: $RUN_DIR/vllm.log"
-  launch vllm "$PYTHON" "$ROOT/start_vllm_server.py" --model "$MODEL" "$@"
-  # The head serves once every node's replicas have joined: its /health is this node's readiness too.
-  wait_ready vllm "http://$HEAD_ADDRESS:$PORT/health" "$STARTUP_TIMEOUT"
-  say "node $NODE_RANK joined: the head at http://$HEAD_ADDRESS:$PORT serves with its replicas (PID $(service_pid vllm))"
-  grep -m1 "WARNING: the data-parallel RPC port" "$RUN_DIR/vllm.log" >&2 || true
-  echo "  Logs: $RUN_DIR/vllm.log    Stop: ./stop_optimized.sh (on this node)"
+  cat <<MSG
+
+  This machine's server: $worker_url, $([[ $joined == true ]] && echo "joined" || echo "joining") the router at $router_url
+  Clients and the page use the head's endpoint: $router_url/v1
+  Logs:      $RUN_DIR/vllm.log, $RUN_DIR/membership.log
+  Stop:      ./stop_optimized.sh   (leaves the router first; no request fails)
+MSG
   exit 0
 fi
-say "starting vLLM ($MODEL) on $HOST:$PORT; log: $RUN_DIR/vllm.log"
-launch vllm "$PYTHON" "$ROOT/start_vllm_server.py" --model "$MODEL" --host "$HOST" --port "$PORT" "$@"
-(( NODES > 1 )) && say "waiting for the replicas of all $NODES nodes to join (start the others with NODE_RANK=1..)"
-wait_ready vllm "http://$(local_address "$HOST"):$PORT/health" "$STARTUP_TIMEOUT"
-# /health answers before the engines have read a page; a first page pays one-time costs (on a
-# GPU, compiling the vision encoder: 15-45 s). Pay them now, one page per engine.
-say "warming up: one page per engine$([[ $has_gpu == true ]] && echo ' (on a GPU this compiles the vision encoder)')"
-PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ocr_bundle.serve.warmup --url "http://$(local_address "$HOST"):$PORT" \
-  --timeout "$STARTUP_TIMEOUT" | sed 's/^/[start] /' || die "vLLM answers /health but cannot read a page (see above)"
-say "vLLM is ready (PID $(service_pid vllm)); $(grep -m1 -oE 'serving on [0-9]+ GPUs?: [a-z ]+[0-9]*|node 0 of [0-9]+.*' "$RUN_DIR/vllm.log" || echo 'one engine')"
-grep -m1 "WARNING: the data-parallel RPC port" "$RUN_DIR/vllm.log" >&2 || true
 
 page_line="off (UI=off)"
 if [[ $UI != off ]]; then
   say "starting the page on $UI_HOST:$UI_PORT; log: $RUN_DIR/ui.log"
-  launch ui env VLLM_URL="http://$(local_address "$HOST"):$PORT" UI_HOST="$UI_HOST" UI_PORT="$UI_PORT" \
+  launch ui env VLLM_URL="$api_local" UI_HOST="$UI_HOST" UI_PORT="$UI_PORT" \
     UI_AUTH="$UI_AUTH" "$PYTHON" "$ROOT/app_vllm.py"
   # Gradio serves /config once the app is up (also behind a login: then it answers 401, still "up").
   wait_ready ui "http://$(local_address "$UI_HOST"):$UI_PORT/config" "$UI_TIMEOUT" 200,401
@@ -192,7 +251,7 @@ fi
 
 api="http://$(public_address "$HOST"):$PORT"
 # The name requests must use: the hub id on a GPU box, the folder name for a local checkpoint.
-served_model=$(python3 - "http://$(local_address "$HOST"):$PORT/v1/models" <<'PY' || echo "MODEL-NAME"
+served_model=$(python3 - "$api_local/v1/models" <<'PY' 2>/dev/null || echo "MODEL-NAME"
 import json, os, sys, urllib.request
 key = os.environ.get("VLLM_API_KEY")
 request = urllib.request.Request(sys.argv[1], headers={"Authorization": f"Bearer {key}"} if key else {})
@@ -200,11 +259,19 @@ print(json.load(urllib.request.urlopen(request, timeout=10))["data"][0]["id"])
 PY
 )
 key_header=""; [[ -n "$VLLM_API_KEY" ]] && key_header=' -H "Authorization: Bearer $VLLM_API_KEY"'
+logs="$RUN_DIR/vllm.log, $RUN_DIR/ui.log"
+head_lines=""
+if [[ $role == head ]]; then
+  logs="$RUN_DIR/router.log, $([[ $has_server == true ]] && echo "$RUN_DIR/vllm.log, $RUN_DIR/membership.log, ")$RUN_DIR/ui.log"
+  head_lines="
+  Router:    the endpoint above is vllm-router; servers now: $(membership members --router "$api_local" 2>/dev/null || echo '?')
+  Join:      on another machine: JOIN=$api HOST=0.0.0.0 VLLM_API_KEY=<this key> ./start_optimized.sh"
+fi
 cat <<MSG
 
   Page:      $page_line
-  vLLM API:  $api/v1   (model "$served_model"; try: curl$key_header $api/v1/models)
-  Logs:      $RUN_DIR/vllm.log, $RUN_DIR/ui.log
+  vLLM API:  $api/v1   (model "$served_model"; try: curl$key_header $api/v1/models)$head_lines
+  Logs:      $logs
   Stop:      ./stop_optimized.sh
 
   Clients, with the Python that has what they need$([[ -n "$VLLM_API_KEY" ]] && echo ' (export VLLM_API_KEY first)'):

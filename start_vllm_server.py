@@ -41,7 +41,7 @@ from ocr_bundle.serve.launch import (
     resolve_device,
     split_passthrough,
 )
-from ocr_bundle.serve.scaleout import ScaleOutError, rpc_port_warning, visible_gpu_count
+from ocr_bundle.serve.scaleout import ScaleOutError, visible_gpu_count
 from ocr_bundle.settings import MAX_OUTPUT_TOKENS, PAGE_PROMPT_TOKENS
 
 
@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     own, passthrough = split_passthrough(sys.argv[1:] if argv is None else argv)
     args = build_parser(__doc__).parse_args(own)
     try:
-        if (problem := exposure.api_problem(args.host, bool(args.api_key), args.allow_open_api)) is not None:
+        problem = (exposure.worker_problem(args.host, bool(args.api_key)) if args.join
+                   else exposure.api_problem(args.host, bool(args.api_key), args.allow_open_api))
+        if problem is not None:
             raise LaunchError(problem)
         if looks_like_path(args.model):
             check_local_checkpoint(Path(os.path.expanduser(args.model)))
@@ -82,8 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     if looks_like_path(args.model) and (Path(os.path.expanduser(args.model)) / "random_weights.json").exists():
         print("note: this is a generated random-weight checkpoint: it answers with random text. "
               "Real OCR needs the real weights (lightonai/LightOnOCR-2-1B).", file=sys.stderr)
-    if (warning := rpc_port_warning(plan)) is not None:
-        print(f"WARNING: {warning}", file=sys.stderr)
     command, env = build_command(args, passthrough, device, plan, attention_choice, tuned)
     if device == "cuda":
         print(f"[start_vllm_server] {plan.describe()}", flush=True)

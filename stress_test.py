@@ -46,12 +46,28 @@ from ocr_bundle.images import (
     to_data_url,
 )
 from ocr_bundle.interrupts import GracefulInterrupt
-from ocr_bundle.loadtest.pollers import GpuInfo, PeriodicPoller, devices_in_use, open_gpu_probe, vllm_metrics_probe
+from ocr_bundle.loadtest.pollers import (
+    WORKER_SEPARATOR,
+    GpuInfo,
+    PeriodicPoller,
+    ServerMetrics,
+    counter_delta,
+    devices_in_use,
+    open_gpu_probe,
+    router_counters,
+)
 from ocr_bundle.loadtest.replay import Replayer, Workload, calculate_metrics, prepare_workload
 from ocr_bundle.loadtest.report import aligned_table, client_verdict, compare, write_reports
 from ocr_bundle.progress import progress_bar
 from ocr_bundle.samples import find_images
-from ocr_bundle.settings import READ_TIMEOUT_S, TEMPERATURE, TOP_P, add_server_arguments
+from ocr_bundle.settings import (
+    DEFAULT_ROUTER_METRICS_URL,
+    READ_TIMEOUT_S,
+    TEMPERATURE,
+    TOP_P,
+    add_server_arguments,
+    env_default,
+)
 
 
 def concurrency_list(text: str) -> list[int]:
@@ -101,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "GPU NVML sees; NVML counts other tenants' GPUs too)")
     parser.add_argument("--grace", type=float, default=30.0,
                         help="after Ctrl-C, seconds requests in flight may take to finish (default 30)")
+    parser.add_argument("--router-metrics", default=env_default("ROUTER_METRICS_URL", DEFAULT_ROUTER_METRICS_URL),
+                        help="behind the head's router: its Prometheus metrics, read before and after each level "
+                             f"(env ROUTER_METRICS_URL; default {DEFAULT_ROUTER_METRICS_URL}, the router's port on the "
+                             "head; n/a elsewhere)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar per level")
     return parser
 
@@ -141,6 +161,17 @@ def read_idle_memory(gpu_probe) -> float | None:
         return None
 
 
+def per_server_stats(metrics_poller: PeriodicPoller, servers: list[str], start: float, end: float) -> dict:
+    """Each server's KV peak and request peaks over a level; None for a server never read (n/a)."""
+    stats = {}
+    for server in servers:
+        kv, running, waiting = (metrics_poller.window(f"{server}{WORKER_SEPARATOR}vllm:{gauge}", start, end)
+                                for gauge in ("kv_cache_usage_perc", "num_requests_running", "num_requests_waiting"))
+        stats[server] = ({"kv_cache_usage_peak": kv.peak, "running_peak": running.peak, "waiting_peak": waiting.peak}
+                         if running.samples else None)
+    return stats
+
+
 def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, args: argparse.Namespace,
               stop: threading.Event, gpu_poller: PeriodicPoller | None, metrics_poller: PeriodicPoller) -> dict:
     """One concurrency level: the requests, with a live progress bar, and its metrics."""
@@ -154,6 +185,8 @@ def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, a
         bar.set_postfix_str(f"errors={failures}", refresh=False)
         bar.update(1)
 
+    servers: ServerMetrics = metrics_poller.probe
+    router_before = router_counters(args.router_metrics) if servers.workers is not None else None
     start = time.monotonic()
     try:
         run = replayer.run(workloads, concurrency, count, stop, args.grace, on_result)
@@ -177,6 +210,9 @@ def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, a
         "running_peak": metrics_poller.window("vllm:num_requests_running", start, end).peak,
         "waiting_peak": metrics_poller.window("vllm:num_requests_waiting", start, end).peak,
     }
+    if servers.workers is not None:
+        metrics.vllm["servers"] = per_server_stats(metrics_poller, servers.seen_workers, start, end)
+        metrics.vllm["router"] = counter_delta(router_before, router_counters(args.router_metrics))
     level = metrics.to_dict()
     level["window"] = {"start": start, "end": end}
     level["requests_planned"] = count
@@ -236,8 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         gpu_poller = running.enter_context(PeriodicPoller(
             gpu_probe, args.sample_interval if gpu_info.backend == "nvml" else max(args.sample_interval, 1.0),
             "gpu")) if gpu_probe else None
-        metrics_poller = running.enter_context(PeriodicPoller(
-            vllm_metrics_probe(client.base_url, client.headers()), max(args.sample_interval, 0.25), "vllm-metrics"))
+        servers = ServerMetrics(client.base_url, client.headers())
+        if servers.workers is not None:
+            print(f"behind a router: {len(servers.workers)} server(s) now: {', '.join(servers.workers) or 'none'}; "
+                  f"its metrics: {args.router_metrics}")
+        metrics_poller = running.enter_context(PeriodicPoller(servers, max(args.sample_interval, 0.25), "vllm-metrics"))
         if args.warmup > 0 and usable:
             warm = replayer.run(usable, min(args.concurrency), args.warmup, stop, args.grace).results
             failed = sum(not r.ok for r in warm)
@@ -260,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             "gpu": {"backend": gpu_info.backend, "names": list(gpu_info.names), "total_mib": gpu_info.total_mib,
                     "devices": list(gpu_info.devices), "reason": gpu_info.reason},
             "label": args.label,
+            "servers": servers.seen_workers if servers.workers is not None else None,
         },
         "images": [w.name for w in workloads],
         "preparation_s": prep_s,

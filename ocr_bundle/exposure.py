@@ -7,6 +7,11 @@ open (ALLOW_OPEN_API=1, UI_AUTH=none). The page holds the API key: an open page 
 from the network opens a key-protected API to anyone, by browser and by script (Gradio
 serves an API of its own), so the key would protect nothing.
 
+A server that joins a router (the head of several machines) has one stricter rule: it needs
+the key, always, with no opt-out. vllm-router 0.1.17 does not check keys itself; it passes
+the client's Authorization header on, and each server behind it checks it. A server without
+a key would make the router open to anyone who reaches it, whatever the head's settings.
+
 Any address that is not a loopback one counts, not only 0.0.0.0: a LAN or public address,
 or a host name (it resolves to something beyond this machine, or it would be localhost).
 
@@ -44,6 +49,16 @@ def api_problem(host: str, has_key: bool, open_on_purpose: bool) -> str | None:
             "ALLOW_OPEN_API=1 (launcher: --allow-open-api) if it is meant to be open.")
 
 
+def worker_problem(host: str, has_key: bool) -> str | None:
+    """Why a server that joins a router must not start on `host` (None when it may)."""
+    if has_key:
+        return None
+    return (f"refusing to start a joining server on {host} without an API key: the router does not check keys "
+            "itself, the servers behind it do, so one server without a key opens the router to anyone who reaches "
+            "it. Set VLLM_API_KEY to the head's key (the same on every machine); there is no opt-out for a joining "
+            "server.")
+
+
 def page_problem(host: str, auth: str | None, has_key: bool) -> str | None:
     """Why the page on `host` must not start (None when it may). `auth` is UI_AUTH as given."""
     if is_loopback(host) or auth:
@@ -62,6 +77,16 @@ def api_warning(host: str, has_key: bool) -> str | None:
             "anyone who can reach it can use it.")
 
 
+def router_warning(host: str) -> str | None:
+    """The router's own gap, beyond loopback: its membership calls take no key (None on loopback)."""
+    if is_loopback(host):
+        return None
+    return (f"WARNING: the router on {host} accepts /add_worker and /remove_worker from anyone who reaches it "
+            "(vllm-router 0.1.17 checks no key on them): someone could add a server of their own and receive "
+            "requests with their API keys. Let only your clients and your machines reach this port (firewall, "
+            "private network).")
+
+
 def page_warning(host: str, auth: str | None) -> str | None:
     """A loud line for a page left open on purpose beyond loopback (None otherwise)."""
     if auth != OPEN_ON_PURPOSE or is_loopback(host):
@@ -75,10 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-host", required=True, help="the API server's bind address (HOST)")
     parser.add_argument("--api-key-set", action="store_true", help="VLLM_API_KEY is set")
     parser.add_argument("--allow-open-api", action="store_true", help="ALLOW_OPEN_API=1: no key, on purpose")
+    parser.add_argument("--joins", action="store_true", help="this server joins a router (JOIN is set)")
+    parser.add_argument("--router", action="store_true", help="the API is the head's router (ROUTER=on|only)")
     parser.add_argument("--page-host", default=None, help="the page's bind address (UI_HOST); omit with UI=off")
     parser.add_argument("--page-auth", default="", help="UI_AUTH as given ('none': no login, on purpose)")
     args = parser.parse_args(argv)
-    problems = [api_problem(args.api_host, args.api_key_set, args.allow_open_api)]
+    problems = [worker_problem(args.api_host, args.api_key_set) if args.joins
+                else api_problem(args.api_host, args.api_key_set, args.allow_open_api)]
     if args.page_host is not None:
         problems.append(page_problem(args.page_host, args.page_auth or None, args.api_key_set))
     problems = [problem for problem in problems if problem]
@@ -86,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
     if problems:
         return 2
-    warnings = [api_warning(args.api_host, args.api_key_set)]
+    warnings = [api_warning(args.api_host, args.api_key_set), router_warning(args.api_host) if args.router else None]
     if args.page_host is not None:
         warnings.append(page_warning(args.page_host, args.page_auth))
     for line in filter(None, warnings):

@@ -38,6 +38,9 @@ DEFAULT_SERVER_URL = "http://127.0.0.1:8000"
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 600.0
 STATUS_TIMEOUT_S = 3.0
+# The head's router (several machines, one endpoint) keeps its Prometheus metrics on the head's loopback.
+ROUTER_METRICS_PORT = 29000
+DEFAULT_ROUTER_METRICS_URL = f"http://127.0.0.1:{ROUTER_METRICS_PORT}/metrics"
 
 # Environment variables every client script understands.
 ENV_URL, ENV_API_KEY, ENV_MODEL = "VLLM_URL", "VLLM_API_KEY", "VLLM_MODEL"

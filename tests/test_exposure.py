@@ -46,6 +46,9 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     ({"HOST": FAR}, f"refusing to serve the vLLM API on {FAR} without an API key"),
     ({"HOST": "0.0.0.0", "VLLM_API_KEY": "k"}, "refusing to serve the page on 0.0.0.0 without a login"),
     ({"UI_HOST": FAR}, f"refusing to serve the page on {FAR} without a login"),
+    ({"JOIN": "http://10.0.0.1:8000", "HOST": "0.0.0.0", "ALLOW_OPEN_API": "1"},
+     "refusing to start a joining server on 0.0.0.0 without an API key"),
+    ({"ROUTER": "on", "HOST": FAR, "UI": "off"}, f"refusing to serve the vLLM API on {FAR} without an API key"),
 ])
 def test_the_start_script_refuses_an_unprotected_address_before_starting_anything(tmp_path, env, message):
     run_dir = tmp_path / "run"
@@ -53,6 +56,19 @@ def test_the_start_script_refuses_an_unprotected_address_before_starting_anythin
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not any(run_dir.glob("*.pid")) and not any(run_dir.glob("*.log"))  # nothing was started
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"NODES": "2", "NODE_RANK": "1", "HEAD_ADDRESS": "10.0.0.1"}, "NODES/NODE_RANK/HEAD_ADDRESS"),
+    ({"ROUTER": "on", "JOIN": "http://10.0.0.1:8000"}, "exclude each other"),
+    ({"JOIN": "10.0.0.1"}, "JOIN must be the head's endpoint"),
+    ({"ROUTER": "yes"}, "ROUTER must be on, only or off"),
+])
+def test_the_start_script_explains_a_wrong_multi_machine_setting_before_starting_anything(tmp_path, env, message):
+    run_dir = tmp_path / "run"
+    done = run([str(ROOT / "start_optimized.sh")], {"RUN_DIR": str(run_dir), "MODEL": "/nowhere", **env})
+    assert done.returncode == 1 and message in done.stderr, done.stdout + done.stderr
+    assert not any(run_dir.glob("*.pid"))
 
 
 def test_the_launcher_refuses_an_unprotected_address_and_accepts_an_explicit_opt_out(tmp_path):

@@ -19,7 +19,7 @@ def command_for(argv: list[str], device: str = "cuda", env: dict | None = None, 
     if monkeypatch is not None:
         for key in ("MODEL", "HOST", "PORT", "VLLM_API_KEY", "MAX_MODEL_LEN", "GPU_MEMORY_UTILIZATION",
                     "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "MAX_PAGES_IN_FLIGHT", "KV_CACHE_DTYPE",
-                    "DATA_PARALLEL_SIZE", "NODES", "NODE_RANK", "HEAD_ADDRESS", "VLLM_USE_FLASHINFER_SAMPLER"):
+                    "DATA_PARALLEL_SIZE", "JOIN", "VLLM_USE_FLASHINFER_SAMPLER"):
             monkeypatch.delenv(key, raising=False)
         for key, value in (env or {}).items():
             monkeypatch.setenv(key, value)
@@ -228,8 +228,7 @@ def two_gpus(tmp_path):
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-aaaa)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-bbbb)'\n")
     fake.chmod(0o755)
-    clean = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "DATA_PARALLEL_SIZE", "NODES",
-                                                              "NODE_RANK", "HEAD_ADDRESS")}
+    clean = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "DATA_PARALLEL_SIZE", "JOIN")}
     return {**clean, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
 
 
@@ -258,29 +257,25 @@ def test_every_visible_gpu_by_default(two_gpus):
     assert too_many.returncode == 2 and "needs 4 GPUs on this node; 2 are visible" in too_many.stderr
 
 
-def test_head_and_headless_worker_map_onto_vllms_data_parallel_flags(two_gpus):
-    head = dry_run_gpu(two_gpus, "--nodes", "2", "--node-rank", "0", "--head-address", "10.0.0.1")
-    assert head.returncode == 0, head.stderr
-    args = vllm_args(head)
-    assert args[args.index("--data-parallel-size"):][:8] == [
-        "--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-address", "10.0.0.1",
-        "--data-parallel-rpc-port", "13345"]
-    assert "--headless" not in args and "node 0 of 2, head (API server + page)" in head.stdout
-    assert "not authenticated: keep it on a private network" in head.stderr
+def test_a_joining_server_beyond_loopback_needs_the_key_with_no_opt_out(two_gpus):
+    """A server that joins a head's router is the router's only key check: no key, no start."""
+    join = ("--join", "http://10.0.0.1:8000", "--host", "0.0.0.0")
+    for extra in ((), ("--allow-open-api",)):
+        refused = dry_run_gpu({**two_gpus, "VLLM_API_KEY": ""}, *join, *extra)
+        assert refused.returncode == 2 and "no opt-out for a joining server" in refused.stderr, refused.stderr
+    keyed = dry_run_gpu({**two_gpus, "VLLM_API_KEY": "s3cret"}, *join)
+    assert keyed.returncode == 0, keyed.stderr
+    assert "s3cret" not in keyed.stdout + keyed.stderr
+    local = dry_run_gpu({**two_gpus, "VLLM_API_KEY": ""}, "--join", "http://127.0.0.1:8000")
+    assert local.returncode == 2  # on loopback too: the router checks no key itself
 
-    worker = dry_run_gpu({**two_gpus, "NODES": "2", "NODE_RANK": "1", "HEAD_ADDRESS": "10.0.0.1"})
-    args = vllm_args(worker)
-    assert "--headless" in args and flag(args, "--data-parallel-start-rank") == "2"
-    assert flag(args, "--data-parallel-size") == "4" and flag(args, "--data-parallel-size-local") == "2"
-    assert "headless worker (engines only, no API server)" in worker.stdout
 
-    public = dry_run_gpu(two_gpus, "--nodes", "2", "--head-address", "8.8.8.8")
-    assert "is a PUBLIC address" in public.stderr
+def test_the_headless_data_parallel_flags_are_gone(two_gpus):
+    done = dry_run_gpu(two_gpus, "--nodes", "2")
+    assert done.returncode == 2 and "unrecognized arguments: --nodes" in done.stderr
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--nodes", "2"], "needs --head-address"),
-    (["--nodes", "2", "--node-rank", "2", "--head-address", "10.0.0.1"], "--node-rank must be between 0 and 1"),
     (["--data-parallel-size", "many"], "must be 'auto' or a number"),
 ])
 def test_scale_out_mistakes_are_refused_before_vllm_starts(two_gpus, argv, message):
@@ -292,9 +287,6 @@ def test_cpu_backend_keeps_one_engine(tiny_checkpoint, monkeypatch):
     args = launcher.build_parser().parse_args(["--model", str(tiny_checkpoint)])
     plan = launcher.plan_data_parallel(args, "cpu", gpus=0)
     assert plan.local == 1 and plan.flags() == []
-    with pytest.raises(launcher.LaunchError, match="needs GPUs"):
-        launcher.plan_data_parallel(launcher.build_parser().parse_args(["--nodes", "2", "--head-address", "h"]),
-                                    "cpu", 0)
 
 
 # ------------------------------------------------------------------ attention kernels (ocr_bundle.serve.attention)

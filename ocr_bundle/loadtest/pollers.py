@@ -1,5 +1,9 @@
 """Background pollers: GPU memory (NVML, nvidia-smi fallback, none) and vLLM's /metrics.
 
+Behind the head's router (several servers, one endpoint) the /metrics probe reads every
+server the router lists, each directly, and the router's own counters come from its
+metrics port (ServerMetrics, RouterCounters).
+
 One `PeriodicPoller` calls a probe function in a daemon thread and keeps a time series;
 the stress test reads peak/mean over each concurrency level's time window. A probe that
 fails makes the poller warn once and stop polling — the workload always runs.
@@ -243,16 +247,113 @@ def engine_count(text: str) -> int:
     return max(1, len(engines - {None}))
 
 
-def vllm_metrics_probe(base_url: str, headers: dict[str, str] | None = None, timeout: float = 2.0) -> Probe:
-    session = requests.Session()
-    if headers:
-        session.headers.update(headers)
+WORKER_SEPARATOR = "|"  # per-server keys: "<server url>|vllm:kv_cache_usage_perc"
+WORKER_REFRESH_S = 5.0
 
-    def probe() -> dict[str, float]:
+
+def fold(per_server: dict[str, dict[str, float]]) -> dict[str, float]:
+    """One set of gauges over several servers: each gauge's reducer over the servers."""
+    values: dict[str, list[float]] = {}
+    for gauges in per_server.values():
+        for name, value in gauges.items():
+            values.setdefault(name, []).append(value)
+    return {name: VLLM_GAUGES[name](found) for name, found in values.items()}
+
+
+class ServerMetrics:
+    """The probe for vLLM's /metrics at `base_url`: one server, or every server behind a router.
+
+    A vllm-router answers /list_workers with the servers it routes to; each is then read
+    directly (the router's own /metrics would show one server per call), and the gauges are
+    folded (KV usage: the fullest server; requests: the sum) and kept per server too, under
+    "<server>|<gauge>". A server this client cannot reach (the head's own one listens on the
+    head's loopback) has no values: n/a in the report, not zero.
+    """
+
+    def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.base_url = base_url.rstrip("/")
+        self.session = requests.Session()
+        if headers:
+            self.session.headers.update(headers)
+        self.timeout = timeout
+        self.clock = clock
+        self.workers: list[str] | None = None  # None: not behind a router
+        self.seen_workers: list[str] = []  # every server listed during the run, in order of appearance
+        self._listed_at = -WORKER_REFRESH_S
+        self.refresh_workers()
+
+    def refresh_workers(self) -> None:
+        self._listed_at = self.clock()
         try:
-            response = session.get(f"{base_url}/metrics", timeout=timeout)
-        except requests.RequestException:
-            return {}  # a server restarting mid-run is the workload's problem, not the poller's
-        return parse_prometheus(response.text) if response.status_code == 200 else {}
+            response = self.session.get(f"{self.base_url}/list_workers", timeout=self.timeout)
+            urls = response.json().get("urls") if response.status_code == 200 else None
+        except (requests.RequestException, ValueError, AttributeError):
+            urls = None
+        if isinstance(urls, list):
+            self.workers = [str(url).rstrip("/") for url in urls]
+            self.seen_workers += [url for url in self.workers if url not in self.seen_workers]
 
-    return probe
+    def _gauges(self, url: str) -> dict[str, float] | None:
+        try:
+            response = self.session.get(f"{url}/metrics", timeout=self.timeout)
+        except requests.RequestException:
+            return None  # a server restarting mid-run is the workload's problem, not the poller's
+        return parse_prometheus(response.text) if response.status_code == 200 else None
+
+    def __call__(self) -> dict[str, float]:
+        if self.workers is not None and self.clock() - self._listed_at >= WORKER_REFRESH_S:
+            self.refresh_workers()
+        if self.workers is None:
+            return self._gauges(self.base_url) or {}
+        per_server = {url: gauges for url in self.workers if (gauges := self._gauges(url)) is not None}
+        values = fold(per_server)
+        for url, gauges in per_server.items():
+            values.update({f"{url}{WORKER_SEPARATOR}{name}": value for name, value in gauges.items()})
+        return values
+
+
+def vllm_metrics_probe(base_url: str, headers: dict[str, str] | None = None, timeout: float = 2.0) -> ServerMetrics:
+    return ServerMetrics(base_url, headers, timeout)
+
+
+# ------------------------------------------------------------------ the router's counters
+
+ROUTER_COUNTERS = {  # counter -> the report's name; summed over labels, except per-server counts
+    "vllm_router_retries_total": "retries",
+    "vllm_router_retries_exhausted_total": "retries_exhausted",
+    "vllm_router_cb_state_transitions_total": "breaker_transitions",
+    "vllm_router_request_errors_total": "router_errors",
+}
+PER_SERVER_COUNTER = "vllm_router_processed_requests_total"
+
+
+def router_counters(metrics_url: str, timeout: float = 2.0) -> dict | None:
+    """The router's counters now (retries, breaker transitions, requests per server), or None
+    where its metrics port is not reachable from here."""
+    try:
+        response = requests.get(metrics_url, timeout=timeout)
+    except requests.RequestException:
+        return None
+    if response.status_code != 200:
+        return None
+    totals: dict[str, float] = dict.fromkeys(ROUTER_COUNTERS.values(), 0.0)
+    per_server: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name in ROUTER_COUNTERS:
+                totals[ROUTER_COUNTERS[sample.name]] += sample.value
+            elif sample.name == PER_SERVER_COUNTER:
+                server = sample.labels.get("worker") or sample.labels.get("worker_url") or "?"
+                per_server[server] = per_server.get(server, 0.0) + sample.value
+    return {**totals, "requests_per_server": per_server}
+
+
+def counter_delta(before: dict | None, after: dict | None) -> dict | None:
+    """What the router counted between two readings (None when either is missing)."""
+    if before is None or after is None:
+        return None
+    delta = {name: after[name] - before.get(name, 0.0) for name in ROUTER_COUNTERS.values()}
+    delta["requests_per_server"] = {server: count - before["requests_per_server"].get(server, 0.0)
+                                    for server, count in after["requests_per_server"].items()}
+    return delta

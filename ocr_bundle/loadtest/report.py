@@ -102,6 +102,7 @@ def markdown_report(report: dict) -> str:
         "",
         *interruption_lines(report),
         *per_device_lines(report),
+        *per_server_lines(report),
         "Throughput counts successful pages over the level's wall time. GPU memory is device memory "
         "used (vLLM reserves `--gpu-memory-utilization` of the card at start, so it mostly measures that "
         "flag); the KV-cache columns come from vLLM's /metrics and show how much of that reservation the "
@@ -142,6 +143,33 @@ def per_device_lines(report: dict) -> list[str]:
                               for index, value in sorted(devices.items(), key=lambda item: int(item[0])))
             lines.append(f"- concurrency {level['concurrency']}: {cells}")
     return (["GPU memory per device:", ""] + lines + [""]) if lines else []
+
+
+def per_server_lines(report: dict) -> list[str]:
+    """Behind a router: the servers it listed, each one's KV and request peaks, and what the
+    router counted (retries, breaker transitions, requests per server)."""
+    servers = report["environment"].get("servers")
+    if servers is None:
+        return []
+    lines = [f"Behind a router (vllm-router): {len(servers)} server(s) listed during the run: "
+             f"{', '.join(servers) or 'none'}.", ""]
+    for level in report["levels"]:
+        vllm = level.get("vllm") or {}
+        cells = []
+        for server, stats in (vllm.get("servers") or {}).items():
+            cells.append(f"{server} n/a (not reachable from this client)" if stats is None else
+                         f"{server} KV peak {fmt(stats['kv_cache_usage_peak'], '{:.1%}')}, running peak "
+                         f"{fmt(stats['running_peak'], '{:.0f}')}, waiting peak {fmt(stats['waiting_peak'], '{:.0f}')}")
+        router = vllm.get("router")
+        if router is None:
+            counted = "router metrics n/a (its port is on the head's loopback)"
+        else:
+            per_server = ", ".join(f"{server} {count:.0f}" for server, count in router["requests_per_server"].items())
+            counted = (f"router: {router['retries']:.0f} retries ({router['retries_exhausted']:.0f} exhausted), "
+                       f"{router['breaker_transitions']:.0f} breaker transitions, {router['router_errors']:.0f} "
+                       f"errors; requests per server: {per_server or 'none'}")
+        lines.append(f"- concurrency {level['concurrency']}: {'; '.join(cells) or 'no server read'}. {counted}")
+    return lines + [""]
 
 
 COMPARED = [

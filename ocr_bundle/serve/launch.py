@@ -20,11 +20,7 @@ import sys
 from pathlib import Path
 
 from ocr_bundle.serve import attention, tuning
-from ocr_bundle.serve.scaleout import (
-    DEFAULT_RPC_PORT,
-    DataParallelPlan,
-    replicas_per_node,
-)
+from ocr_bundle.serve.scaleout import DataParallelPlan, replicas_per_node
 from ocr_bundle.settings import (
     DEFAULT_MAX_MODEL_LEN,
     MAX_OUTPUT_TOKENS,
@@ -102,18 +98,10 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
                              "1B model (env DATA_PARALLEL_SIZE; default auto: every visible GPU, CUDA_VISIBLE_DEVICES "
                              "respected; 1 keeps one GPU). --max-pages-in-flight, --max-num-seqs, "
                              "--gpu-memory-utilization and the KV cache apply to each replica")
-    parser.add_argument("--nodes", type=int, default=env_default("NODES", 1, int),
-                        help="machines serving together as one endpoint (env NODES; default 1). Node 0 is the head "
-                             "(API server, page); the others run headless engine replicas that join it")
-    parser.add_argument("--node-rank", type=int, default=env_default("NODE_RANK", 0, int),
-                        help="this machine's number among --nodes, 0 for the head (env NODE_RANK; default 0)")
-    parser.add_argument("--head-address", default=env_default("HEAD_ADDRESS"),
-                        help="the head node's address on the nodes' private network (env HEAD_ADDRESS; needed with "
-                             "--nodes > 1)")
-    parser.add_argument("--data-parallel-rpc-port", type=int,
-                        default=env_default("DATA_PARALLEL_RPC_PORT", DEFAULT_RPC_PORT, int),
-                        help=f"the head's port where nodes join (env DATA_PARALLEL_RPC_PORT; default {DEFAULT_RPC_PORT}). "
-                             "It has no authentication: keep it on a private network")
+    parser.add_argument("--join", default=env_default("JOIN"),
+                        help="the router (head) this server joins, e.g. http://10.0.0.1:8000 (env JOIN; the start "
+                             "script registers it once ready). A joining server beyond loopback needs VLLM_API_KEY, "
+                             "with no opt-out: its port is reachable by other machines")
     parser.add_argument("--enable-prefix-caching", action="store_true",
                         help="turn prefix caching back on (off by default: OCR prompts share no prefix)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default=env_default("VLLM_DEVICE", "auto"),
@@ -260,14 +248,10 @@ def resolve_device(requested: str, flavour: str | None) -> str:
 
 
 def plan_data_parallel(args: argparse.Namespace, device: str, gpus: int) -> DataParallelPlan:
-    """Replicas on this node and how the nodes join; `gpus` is what this node sees."""
+    """Replicas on this machine; `gpus` is what it sees."""
     if device == "cpu":
-        if args.nodes > 1:
-            raise LaunchError("--nodes > 1 needs GPUs and the regular vLLM build (its `vllm serve --headless`)")
-        local = 1 if args.data_parallel_size == "auto" else replicas_per_node(args.data_parallel_size, 0)
-    else:
-        local = replicas_per_node(str(args.data_parallel_size), gpus, args.tensor_parallel_size or 1)
-    return DataParallelPlan(local, args.nodes, args.node_rank, args.head_address, args.data_parallel_rpc_port)
+        return DataParallelPlan(1 if args.data_parallel_size == "auto" else replicas_per_node(args.data_parallel_size, 0))
+    return DataParallelPlan(replicas_per_node(str(args.data_parallel_size), gpus, args.tensor_parallel_size or 1))
 
 
 def build_command(args: argparse.Namespace, passthrough: list[str], device: str,
