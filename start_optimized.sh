@@ -195,7 +195,7 @@ export VLLM_API_KEY  # the launcher, the router, the membership keeper and the p
 api_local="http://$(local_address "$HOST"):$PORT"   # what the page and the readiness checks use
 if [[ $role == head ]]; then
   say "starting the router (vllm-router) on $HOST:$PORT; log: $RUN_DIR/router.log"
-  launch router env PYTHONPATH="$ROOT" "$PYTHON" -m ocr_bundle.serve.router --host "$HOST" --port "$PORT"
+  launch router env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ocr_bundle.serve.router --host "$HOST" --port "$PORT"
   wait_ready router "$api_local/liveness" 120
   say "router is ready (PID $(service_pid router)); servers join it as they become ready"
 fi

@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         from vllm_router.launch_router import main as launch_router
-    except ImportError:
-        print("error: vllm-router is not installed for this Python: pip install -r requirements.txt", file=sys.stderr)
+    except ImportError as exc:
+        print(f"error: vllm-router cannot be imported by this Python ({exc}): pip install -r requirements.txt",
+              file=sys.stderr)
         return 2
     # The router parses sys.argv; /proc/PID/cmdline keeps the command this process was started with.
     sys.argv = ["vllm-router", *arguments, *(["--api-key", key] if key else [])]
