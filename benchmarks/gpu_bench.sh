@@ -7,12 +7,11 @@
 #   bash benchmarks/gpu_bench.sh sampler                    # vLLM's top-p sampler vs FlashInfer's (builds its kernels)
 #   bash benchmarks/gpu_bench.sh hf                         # plain transformers baseline (batch 1)
 #   bash benchmarks/gpu_bench.sh batch NAME [batch args]    # batch_ocr.py on a generated 300-page A4 PDF
-#   bash benchmarks/gpu_bench.sh kill-worker-during NAME [stress args]  # SIGKILL the worker node mid-run
 #   bash benchmarks/gpu_bench.sh profile NAME [tokens]       # vLLM's torch profiler over one request
 #   bash benchmarks/gpu_bench.sh hostprofile NAME [stress args]  # py-spy on the engine core and API server, c=1
 #   bash benchmarks/gpu_bench.sh stop
-# SERVER_PID_FILE / WORKER_PID_FILE point at a server started otherwise (benchmarks/two_nodes.sh starts
-# the head and the worker with start_optimized.sh). Two one-GPU servers side by side (one
+# SERVER_PID_FILE points at a server started otherwise (a server lost under load, through the router:
+# benchmarks/router_bench.sh). Two one-GPU servers side by side (one
 # configuration per GPU, started together, measured one after the other):
 #   CUDA_VISIBLE_DEVICES=1 PORT=8001 SERVER_PID_FILE=/root/bench/server1.pid bash benchmarks/gpu_bench.sh ...
 # `profile` needs a server started with PROFILE_DIR set (serve adds vLLM's --profiler-config).
@@ -38,7 +37,6 @@ OUT=${OUT:-$STATE/out}
 PORT=${PORT:-8000}
 SERVER_PID_FILE=${SERVER_PID_FILE:-$STATE/server.pid}
 SERVER_LOG_NOTE=$SERVER_PID_FILE.log   # which log belongs to the server of SERVER_PID_FILE
-WORKER_PID_FILE=${WORKER_PID_FILE:-$STATE/worker.pid}
 FLASHINFER_SITE=/root/site-flashinfer
 if [[ ${FLASHINFER:-0} == 1 ]]; then
   # Its just-in-time builds call `ninja` and the image's nvcc.
@@ -54,13 +52,6 @@ cd "$ROOT"
 # Process control and readiness: the bundle's one implementation (ocr_bundle/serve/processes.py).
 processes() { python3 "$ROOT/ocr_bundle/serve/processes.py" "$@"; }
 stop_server() { processes stop "$SERVER_PID_FILE" --name vllm --grace 30; }
-running() { python3 - "$PORT" <<'PY'
-import sys, urllib.request
-from ocr_bundle.loadtest.pollers import parse_prometheus
-text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
-print(int(parse_prometheus(text).get("vllm:num_requests_running", 0)))
-PY
-}
 # stress_run NAME ARGS...: stress_test.py on the A4 sample, 1,000 tokens forced, with the server's CPU by role.
 stress_run() {
   local name=$1; shift
@@ -152,23 +143,6 @@ case "${1:?phase}" in
       --max-tokens 1000 --max-attempts 1 --quiet "$@" >"$OUT/batch-$name.txt" 2>&1 || true
     cp "$STATE/batch-$name/run-summary.json" "$OUT/batch-$name-summary.json" || true
     grep -E "pages:|time:|client:" "$OUT/batch-$name.txt"
-    ;;
-  kill-worker-during)
-    name=${2:?name}; shift 2
-    stress_run "$name" "$@" &
-    stress=$!
-    # The fault: once the load is on (both replicas busy), the worker node dies outright.
-    until (( $(running) >= 64 )); do sleep 0.5; done
-    sleep 10
-    worker=$(cut -d' ' -f1 "$WORKER_PID_FILE")
-    echo "killing worker process group $worker at $(date +%T) with $(running) requests running"
-    kill -KILL -- "-$worker"
-    wait "$stress" || true
-    { echo "head /health after the kill: $(python3 -c "import sys, urllib.request
-try: print(urllib.request.urlopen(sys.argv[1], timeout=5).status)
-except Exception as exc: print('no answer:', exc)" "http://127.0.0.1:$PORT/health")"
-      echo "head alive: $(processes running "$SERVER_PID_FILE" || echo no)"; } | tee "$OUT/$name-after-kill.txt"
-    tail -n 40 "$(dirname "$SERVER_PID_FILE")/vllm.log" >"$OUT/$name-head-log-tail.txt" 2>/dev/null || true
     ;;
   profile)
     # One request under vLLM's torch profiler: where the time of a lone page goes (GPU kernels
