@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Drive the GPU benchmark on the lent H200, one phase per call (see docs/benchmarks.md).
-#   bash benchmarks/gpu_bench.sh setup                      # install staged vLLM + extras, make the full checkpoint
+#   bash benchmarks/gpu_bench.sh setup                      # install staged vLLM(s) + extras, make the full checkpoint
 #   bash benchmarks/gpu_bench.sh serve NAME [launcher args] # (re)start vLLM through start_vllm_server.py
 #   bash benchmarks/gpu_bench.sh stress NAME [stress args]  # stress_test.py on the A4 sample, 1,000 tokens forced
 #   bash benchmarks/gpu_bench.sh encoder [--compile]        # packed vs dense-mask encoder attention (parity, speed)
@@ -38,13 +38,14 @@ PORT=${PORT:-8000}
 SERVER_PID_FILE=${SERVER_PID_FILE:-$STATE/server.pid}
 SERVER_LOG_NOTE=$SERVER_PID_FILE.log   # which log belongs to the server of SERVER_PID_FILE
 FLASHINFER_SITE=/root/site-flashinfer
+SITE=${SITE:-/root/site}   # which vLLM: /root/site (0.26.0) or /root/site-VERSION (benchmarks/stage_vllm.sh)
 if [[ ${FLASHINFER:-0} == 1 ]]; then
   # Its just-in-time builds call `ninja` and the image's nvcc.
-  export PYTHONPATH=/root/site:$FLASHINFER_SITE VLLM_USE_FLASHINFER_SAMPLER=${FLASHINFER_SAMPLER:-1} \
+  export PYTHONPATH=$SITE:$FLASHINFER_SITE VLLM_USE_FLASHINFER_SAMPLER=${FLASHINFER_SAMPLER:-1} \
     PATH=$FLASHINFER_SITE/bin:$PATH
   [[ -n ${CUDA_HOME:-} || ! -d /usr/local/cuda ]] || export CUDA_HOME=/usr/local/cuda
 else
-  export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0
+  export PYTHONPATH=$SITE VLLM_USE_FLASHINFER_SAMPLER=0
 fi
 mkdir -p "$STATE" "$OUT"
 cd "$ROOT"
@@ -68,7 +69,19 @@ stress_run() {
 
 case "${1:?phase}" in
   setup)
-    [[ -d /root/site/vllm ]] || bash /root/gpu/install.sh
+    [[ -d /root/site/vllm || ! -f /root/gpu/install.sh ]] || bash /root/gpu/install.sh   # ../shared/gpu/prepare.sh
+    for staged in /root/gpu-vllm-*/; do   # benchmarks/stage_vllm.sh: the pieces of one tar of wheels
+      [[ -d $staged ]] || continue
+      version=$(basename "$staged"); version=${version#gpu-vllm-}
+      target=/root/site-$version; [[ $version != 0.26.0 ]] || target=/root/site
+      [[ -d $target/vllm ]] && continue
+      mkdir -p "$staged/wheels"; cat "$staged"/piece.* | tar -C "$staged/wheels" -xf -
+      start=$SECONDS
+      # One pip call per version: a second --target install would replace the whole nvidia/ folder.
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" \
+        "$staged"/wheels/*.whl
+      echo "vLLM $version into $target in $((SECONDS - start)) s" | tee -a "$OUT/install.txt"
+    done
     if compgen -G "/root/gpu/extra/*.whl" >/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site /root/gpu/extra/*.whl
     fi
@@ -85,7 +98,10 @@ case "${1:?phase}" in
     fi
     du -sh "$MODEL_DIR" | tee -a "$OUT/checkpoint.txt"
     nvidia-smi | tee "$OUT/nvidia-smi.txt"
-    python3 -c "import vllm, transformers, torch, pynvml, matplotlib, prometheus_client, tqdm, pypdfium2; import importlib.metadata as md; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, 'pypdfium2', md.version('pypdfium2'))" | tee "$OUT/versions.txt"
+    for site in /root/site /root/site-*; do
+      [[ -d $site/vllm ]] || continue
+      PYTHONPATH=$site python3 -c "import vllm, transformers, torch, pynvml, matplotlib, prometheus_client, tqdm, pypdfium2; import importlib.metadata as md; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, 'pypdfium2', md.version('pypdfium2'))" | tee -a "$OUT/versions.txt"
+    done
     ;;
   serve)
     name=${2:?name}; shift 2

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Stage a vLLM wheel set for the offline GPU machine (its image: torch 2.11.0+cu130, Python 3.12, no
+# network), cut into parts that each fit one device `run` call beside the working tree (64 MiB together).
+#   bash benchmarks/stage_vllm.sh VERSION [PART_MB]   # VERSION: a list in benchmarks/gpu-wheels/ (0.26.0, 0.32.0)
+# It fills .gpu/vllm-VERSION/p1 .. pN (keep '/.gpu/' in .git/info/exclude); the downloads stay in
+# .gpu/wheels-VERSION/ for the next time. On the GPU machine, each part with its own call:
+#   run(carry [".gpu/vllm-VERSION/pK"])  mkdir -p /root/gpu-vllm-VERSION && cp .gpu/vllm-VERSION/pK/* /root/gpu-vllm-VERSION/
+# then `bash benchmarks/gpu_bench.sh setup` installs every staged version: 0.26.0 into /root/site (the
+# README's path), any other into /root/site-VERSION; SITE=/root/site-VERSION picks one for gpu_bench.sh.
+set -euo pipefail
+VERSION=${1:?VERSION, e.g. 0.26.0 or 0.32.0}
+PART_MB=${2:-40}
+cd "$(dirname "$0")/.."
+LIST=benchmarks/gpu-wheels/vllm-$VERSION.txt
+[[ -f $LIST ]] || { echo "no wheel list $LIST" >&2; exit 2; }
+PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp)
+for p in manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 \
+         manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
+  PLAT+=(--platform "$p")
+done
+WHEELS=.gpu/wheels-$VERSION
+STAGE=.gpu/vllm-$VERSION
+mkdir -p "$WHEELS"
+python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$WHEELS" -r "$LIST"
+rm -rf "$STAGE"; mkdir -p "$STAGE"
+# One tar of the wheels, cut into parts: the GPU side concatenates the pieces back in name order.
+tar -C "$WHEELS" -cf - . | split -b "${PART_MB}M" -d -a 3 - "$STAGE/piece."
+i=0
+for piece in "$STAGE"/piece.*; do
+  i=$((i + 1)); mkdir -p "$STAGE/p$i"; mv "$piece" "$STAGE/p$i/"
+done
+echo "staged vLLM $VERSION: $i parts of at most $PART_MB MiB under $STAGE ($(du -sh "$WHEELS" | cut -f1) of wheels)"

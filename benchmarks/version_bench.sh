@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One vLLM version against another on the lent GPU machine, through the README's path: start_optimized.sh
+# (its warm-up page included in the time to ready), the stress test on the A4 page with 1,000 tokens
+# forced, stop_optimized.sh. One round per call; rounds run one after the other on one machine.
+#   bash benchmarks/version_bench.sh bf16 NAME SITE [start_optimized args]  # c=256, then a lone page sampled and greedy
+#   bash benchmarks/version_bench.sh fp8 NAME SITE [start_optimized args]   # KV_CACHE_DTYPE=fp8, c=512
+# LONE=0 skips the lone-page runs of a bf16 round (a repeat round, where only saturation is compared).
+# SITE: the vLLM install (/root/site: 0.26.0; /root/site-0.32.0 ...: benchmarks/stage_vllm.sh, gpu_bench.sh setup).
+# Each round leaves NAME-start.txt (time to ready, the launcher's choices), NAME-*/ reports (pages/s,
+# latency, GPU memory) and NAME-engine.txt (vLLM's throughput lines) in $OUT.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+STATE=${STATE:-/root/bench}
+OUT=${OUT:-$STATE/out}
+kind=${1:?bf16 or fp8}; name=${2:?name}; site=${3:?site}; shift 3
+export PYTHONPATH=$site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHON=python3 UI=off RUN_DIR=$STATE/run-$name
+export MODEL=${MODEL_DIR:-/root/models/lightonocr-full} STARTUP_TIMEOUT=600
+[[ $kind == fp8 ]] && export KV_CACHE_DTYPE=fp8
+mkdir -p "$OUT" "$STATE/reports"
+cd "$ROOT"
+
+stress() {  # stress LABEL ARGS...
+  local label=$name-$1; shift
+  python3 stress_test.py --images samples/english_a4_document.png --ignore-eos --max-tokens 1000 --no-stream \
+    --quiet --out "$STATE/reports/$label" --label "$label" "$@" | grep -E "^concurrency|GPU" | head -n 4 || true
+  cp -r "$STATE/reports/$label" "$OUT/"
+}
+
+start=$SECONDS
+if ! ./start_optimized.sh "$@" >"$OUT/$name-start.txt" 2>&1; then
+  tail -n 40 "$OUT/$name-start.txt"; tail -n 60 "$RUN_DIR/vllm.log"; ./stop_optimized.sh || true; exit 1
+fi
+echo "ready in $((SECONDS - start)) s (start_optimized.sh, warm-up page included)" | tee -a "$OUT/$name-start.txt"
+grep -E "vLLM|patch|vision encoder|KV block|attention|LightOnOCR" "$OUT/$name-start.txt" | head -n 12 || true
+if [[ $kind == fp8 ]]; then
+  stress c512 --concurrency 512 --requests 768 --warmup 16
+else
+  stress c256 --concurrency 256 --requests 384 --warmup 16
+  if [[ ${LONE:-1} == 1 ]]; then
+    stress c1 --concurrency 1 --requests 6 --warmup 1
+    stress c1-greedy --concurrency 1 --requests 6 --warmup 1 --temperature 0
+  fi
+fi
+grep -E "throughput|Error|LightOnOCR bundle patch|compile" "$RUN_DIR/vllm.log" | tail -n 60 >"$OUT/$name-engine.txt" || true
+./stop_optimized.sh >"$OUT/$name-stop.txt" 2>&1 || tail -n 5 "$OUT/$name-stop.txt"
