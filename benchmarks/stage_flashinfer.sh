@@ -12,16 +12,9 @@
 # flashinfer` and vLLM's FlashInfer backend import without them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The GPU image's platform, as ../shared/gpu/prepare.sh gives it to pip (that script stages
-# into its own parts and cannot be sourced).
-PLAT="--only-binary=:all: --python-version 3.12 --implementation cp"
-for p in manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 \
-         manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
-  PLAT="$PLAT --platform $p"
-done
+source benchmarks/gpu_platform.sh
 rm -rf .gpu/pfi
 mkdir -p .gpu/pfi/flashinfer
-# shellcheck disable=SC2086  # PLAT is a list of flags
-python3 -m pip download -q --no-deps $PLAT -d .gpu/pfi/flashinfer \
+python3 -m pip download -q --no-deps "${GPU_PLATFORM[@]}" -d .gpu/pfi/flashinfer \
   flashinfer-python==0.6.14 ninja==1.13.2 einops==0.8.2 click==8.5.1 tabulate==0.10.0 cuda-tile==1.7.0
 echo "staged $(ls .gpu/pfi/flashinfer | wc -l) wheels, $(du -sh .gpu/pfi | cut -f1), in .gpu/pfi"

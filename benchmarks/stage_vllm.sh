@@ -13,15 +13,11 @@ PART_MB=${2:-40}
 cd "$(dirname "$0")/.."
 LIST=benchmarks/gpu-wheels/vllm-$VERSION.txt
 [[ -f $LIST ]] || { echo "no wheel list $LIST" >&2; exit 2; }
-PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp)
-for p in manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 \
-         manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
-  PLAT+=(--platform "$p")
-done
+source benchmarks/gpu_platform.sh
 WHEELS=.gpu/wheels-$VERSION
 STAGE=.gpu/vllm-$VERSION
 mkdir -p "$WHEELS"
-python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$WHEELS" -r "$LIST"
+python3 -m pip download -q --no-deps "${GPU_PLATFORM[@]}" -d "$WHEELS" -r "$LIST"
 rm -rf "$STAGE"; mkdir -p "$STAGE"
 # One tar of the wheels, cut into parts: the GPU side concatenates the pieces back in name order.
 tar -C "$WHEELS" -cf - . | split -b "${PART_MB}M" -d -a 3 - "$STAGE/piece."
