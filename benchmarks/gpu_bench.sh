@@ -75,6 +75,9 @@ case "${1:?phase}" in
       version=$(basename "$staged"); version=${version#gpu-vllm-}
       target=/root/site-$version; [[ $version != 0.26.0 ]] || target=/root/site
       [[ -d $target/vllm ]] && continue
+      if ! [[ -f $staged/pieces.sha256 ]] || ! (cd "$staged" && sha256sum --check --quiet --status pieces.sha256); then
+        echo "vLLM $version: not every staged piece is here and whole yet; not installed"; continue
+      fi
       mkdir -p "$staged/wheels"; cat "$staged"/piece.* | tar -C "$staged/wheels" -xf -
       start=$SECONDS
       # One pip call per version: a second --target install would replace the whole nvidia/ folder.

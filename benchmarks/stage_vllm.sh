@@ -21,8 +21,13 @@ python3 -m pip download -q --no-deps "${GPU_PLATFORM[@]}" -d "$WHEELS" -r "$LIST
 rm -rf "$STAGE"; mkdir -p "$STAGE"
 # One tar of the wheels, cut into parts: the GPU side concatenates the pieces back in name order.
 tar -C "$WHEELS" -cf - . | split -b "${PART_MB}M" -d -a 3 - "$STAGE/piece."
+# The checksums of every piece go with the last part: the GPU side installs a version only once
+# all its pieces are there and whole (gpu_bench.sh setup), so a version whose parts are still on
+# their way, or lost one, is never half installed.
+(cd "$STAGE" && sha256sum piece.*) >"$STAGE/pieces.sha256"
 i=0
 for piece in "$STAGE"/piece.*; do
   i=$((i + 1)); mkdir -p "$STAGE/p$i"; mv "$piece" "$STAGE/p$i/"
 done
+mv "$STAGE/pieces.sha256" "$STAGE/p$i/"
 echo "staged vLLM $VERSION: $i parts of at most $PART_MB MiB under $STAGE ($(du -sh "$WHEELS" | cut -f1) of wheels)"

@@ -5,6 +5,9 @@
 #   bash benchmarks/version_bench.sh bf16 NAME SITE [start_optimized args]  # c=256, then a lone page sampled and greedy
 #   bash benchmarks/version_bench.sh fp8 NAME SITE [start_optimized args]   # KV_CACHE_DTYPE=fp8, c=512
 # LONE=0 skips the lone-page runs of a bf16 round (a repeat round, where only saturation is compared).
+# FLASHINFER=1 makes FlashInfer importable from /root/site-flashinfer (benchmarks/stage_flashinfer.sh:
+# the version vLLM 0.26.0 pins), with its just-in-time builds' ninja and nvcc: the launcher then picks
+# it for an fp8 KV cache on Hopper, as on a box where `pip install -r requirements.txt` brought it.
 # SITE: the vLLM install (/root/site: 0.26.0; /root/site-0.32.0 ...: benchmarks/stage_vllm.sh, gpu_bench.sh setup).
 # Each round leaves NAME-start.txt (time to ready, the launcher's choices), NAME-*/ reports (pages/s,
 # latency, GPU memory) and NAME-engine.txt (vLLM's throughput lines) in $OUT.
@@ -14,7 +17,11 @@ STATE=${STATE:-/root/bench}
 OUT=${OUT:-$STATE/out}
 kind=${1:?bf16 or fp8}; name=${2:?name}; site=${3:?site}; shift 3
 export PYTHONPATH=$site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHON=python3 UI=off RUN_DIR=$STATE/run-$name
-export MODEL=${MODEL_DIR:-/root/models/lightonocr-full} STARTUP_TIMEOUT=600
+if [[ ${FLASHINFER:-0} == 1 ]]; then
+  export PYTHONPATH=$site:/root/site-flashinfer PATH=/root/site-flashinfer/bin:$PATH
+  [[ -n ${CUDA_HOME:-} || ! -d /usr/local/cuda ]] || export CUDA_HOME=/usr/local/cuda
+fi
+export MODEL=${MODEL_DIR:-/root/models/lightonocr-full} STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-600}
 [[ $kind == fp8 ]] && export KV_CACHE_DTYPE=fp8
 mkdir -p "$OUT" "$STATE/reports"
 cd "$ROOT"
@@ -31,7 +38,9 @@ if ! ./start_optimized.sh "$@" >"$OUT/$name-start.txt" 2>&1; then
   tail -n 40 "$OUT/$name-start.txt"; tail -n 60 "$RUN_DIR/vllm.log"; ./stop_optimized.sh || true; exit 1
 fi
 echo "ready in $((SECONDS - start)) s (start_optimized.sh, warm-up page included)" | tee -a "$OUT/$name-start.txt"
-grep -E "vLLM|patch|vision encoder|KV block|attention|LightOnOCR" "$OUT/$name-start.txt" | head -n 12 || true
+# What the launcher chose and what vLLM then used (attention backends, the patch), from the server's log.
+grep -E "^\[start_vllm_server\]|LightOnOCR bundle patch|[Aa]ttention backend|Using .*backend|FlashInfer|XQA" \
+  "$RUN_DIR/vllm.log" | cut -c1-300 | awk '!seen[$0]++' | head -n 24 | tee -a "$OUT/$name-start.txt" || true
 if [[ $kind == fp8 ]]; then
   stress c512 --concurrency 512 --requests 768 --warmup 16
 else

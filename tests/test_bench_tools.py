@@ -66,3 +66,49 @@ def test_server_cpu_finds_the_engine_core_of_a_real_server(vllm_server: Started,
     assert engines[0] != vllm_server.service.pid  # the engine core is a child, not the API server
     missing = pids("VLLM::NoSuchRole")
     assert missing.returncode == 1 and missing.stdout.strip() == ""
+
+
+def test_rounds_run_in_order_with_their_variables_and_wait_for_a_version_still_being_staged(tmp_path: Path) -> None:
+    """benchmarks/rounds.sh with stand-ins for the two GPU scripts it drives: each line becomes one
+    version_bench.sh call (its VAR=value words in the environment, the rest as arguments), and a round
+    of a version not installed yet waits for setup to install it (here: on its second call)."""
+    bundle = tmp_path / "bundle"
+    (bundle / "benchmarks").mkdir(parents=True)
+    (bundle / "benchmarks" / "rounds.sh").write_text((ROOT / "benchmarks" / "rounds.sh").read_text())
+    sites = tmp_path / "sites"
+    # setup installs 0.26.0 at once and 0.32.0 only on its second call, as when parts are still arriving.
+    (bundle / "benchmarks" / "gpu_bench.sh").write_text(
+        f'mkdir -p {sites}/site/vllm; n=$(cat {tmp_path}/calls 2>/dev/null || echo 0); echo $((n + 1)) >{tmp_path}/calls\n'
+        f'(( n >= 1 )) && mkdir -p {sites}/site-0.32.0/vllm; true\n')
+    (bundle / "benchmarks" / "version_bench.sh").write_text(
+        'echo "concurrency 1: $*"; echo "FLASHINFER=${FLASHINFER:-unset} LONE=${LONE:-unset}"\n'
+        '[[ $2 != broken ]]\n')
+    rounds = tmp_path / "rounds.txt"
+    rounds.write_text("# a comment line\n"
+                      "FLASHINFER=1 0.26.0 fp8 first --compile-encoder on  # and a comment after a round\n"
+                      "\n"
+                      "0.26.0 bf16 broken\n"
+                      'LONE=0 0.32.0 bf16 second -- --compilation-config {"compile_mm_encoder":true}\n')
+    env = {"PATH": "/usr/bin:/bin", "STATE": str(tmp_path / "state"), "SITES": str(sites),
+           "OUT": str(tmp_path / "out")}
+    (tmp_path / "out").mkdir()
+    script = bundle / "benchmarks" / "rounds.sh"
+    started = subprocess.run(["bash", str(script), "start", str(rounds)], env=env, capture_output=True, text=True,
+                             timeout=60, check=True)
+    assert "3 round(s)" in started.stdout
+    waited = subprocess.run(["bash", str(script), "wait", "50"], env=env, capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert "all rounds ended" in waited.stdout
+    results = tmp_path / "state" / "rounds" / "out"
+    first = (results / "first-round.txt").read_text()
+    assert f"concurrency 1: fp8 first {sites}/site --compile-encoder on\nFLASHINFER=1 LONE=unset" in first
+    second = (results / "second-round.txt").read_text()
+    assert (f'concurrency 1: bf16 second {sites}/site-0.32.0 -- --compilation-config {{"compile_mm_encoder":true}}'
+            "\nFLASHINFER=unset LONE=0") in second
+    progress = (tmp_path / "state" / "rounds" / "progress").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in progress] == [
+        "first: started", "first: done: concurrency 1: fp8 first " + f"{sites}/site --compile-encoder on ",
+        "broken: started", "broken: FAILED (see broken-round.txt)",
+        "second: started", "second: done: concurrency 1: bf16 second " + f"{sites}/site-0.32.0 -- --compilation-config "
+        '{"compile_mm_encoder":true} ']
+    assert (tmp_path / "out" / "rounds.tgz").stat().st_size > 0
