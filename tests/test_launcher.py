@@ -317,7 +317,8 @@ def test_fp8_on_h200_runs_flashinfer_attention_and_says_so(h200_box):
     line = next(text for text in done.stdout.splitlines() if "cuda backend:" in text)
     assert "VLLM_HAS_FLASHINFER_CUBIN=1" in line
     assert flag(vllm_args(done), "--attention-backend") == "FLASHINFER"
-    assert "--block-size" not in vllm_args(done) and "OCR_BUNDLE_COMPILE_ENCODER=0" in line
+    # The fp8 profile: the compiled encoder (twelfth session), vLLM's own block size.
+    assert "--block-size" not in vllm_args(done) and "OCR_BUNDLE_COMPILE_ENCODER=1" in line
     bf16 = dry_run_gpu(h200_box)
     assert "--attention-backend" not in vllm_args(bf16) and "attention: vLLM's default" in bf16.stdout
     # The measured default (ocr_bundle.serve.tuning): 128-token blocks and the compiled encoder, said.
@@ -326,6 +327,7 @@ def test_fp8_on_h200_runs_flashinfer_attention_and_says_so(h200_box):
     assert "vision encoder: compiled with torch.compile" in bf16.stdout
     kept = dry_run_gpu({**h200_box, "ATTENTION_BACKEND": "flash-attn"}, "--kv-cache-dtype", "fp8")
     assert flag(vllm_args(kept), "--attention-backend") == "FLASH_ATTN"
+    assert "OCR_BUNDLE_COMPILE_ENCODER=0" in next(text for text in kept.stdout.splitlines() if "cuda backend:" in text)
 
 
 def test_fp8_without_nvcc_keeps_flashattention_and_an_explicit_flashinfer_is_refused(h200_box, tmp_path):

@@ -9,6 +9,7 @@ from ocr_bundle.serve.vllm_patches import COMPILE_ENV
 
 H200 = attention.GpuFacts(("9.0",), flashinfer_installed=True, nvcc="/usr/local/cuda/bin/nvcc")
 A100 = attention.GpuFacts(("8.0",), flashinfer_installed=True, nvcc="/usr/local/cuda/bin/nvcc")
+NO_FLASHINFER = attention.GpuFacts(("9.0",), flashinfer_installed=False, nvcc="/usr/local/cuda/bin/nvcc")
 
 
 def tune(compile_encoder="auto", kv="auto", device="cuda", passthrough=(), facts=H200, environ=None):
@@ -28,8 +29,15 @@ def test_the_measured_setting_gets_both():
     assert asked.flags == ["--block-size", "128"]
 
 
+def test_the_fp8_profile_with_flashinfer_compiles_the_encoder_and_keeps_vllms_blocks():
+    tuned = tune(kv="fp8")  # auto picks FlashInfer on Hopper, which takes blocks of at most 64
+    assert tuned.env == {COMPILE_ENV: "1"}
+    assert tuned.flags == [] and "not measured with an fp8 KV cache" in tuned.notes[0]
+
+
 @pytest.mark.parametrize("case, why", [
-    (dict(kv="fp8"), "not measured with an fp8 KV cache"),  # FlashInfer: blocks of at most 64 on Hopper
+    (dict(kv="fp8", facts=NO_FLASHINFER), "not measured with an fp8 KV cache"),  # FlashAttention decodes it
+    (dict(kv="fp8", passthrough=("--attention-backend", "FLASH_ATTN")), "not measured with an fp8 KV cache"),
     (dict(facts=A100), "not measured on these GPUs"),
     (dict(passthrough=("--attention-backend", "TRITON_ATTN")), "not measured with this attention backend"),
 ])

@@ -10,9 +10,17 @@ GPUs: 7.09-7.69 against 6.84-6.91, and 7.26-7.38 against 7.14-7.22. Every such r
 every default run of its machine. Alone, 128-token blocks had given +3.3%, inside the noise
 (seventh session).
 
+With an fp8 KV cache and FlashInfer (the launcher's fp8 choice on Hopper, ocr_bundle.serve.attention),
+the compiled encoder alone: 9.61 against 9.42 pages/s at concurrency 512 (+2.0%, one H200, one
+server after the other with vLLM 0.26.0's run in between; docs/benchmarks.md, twelfth session).
+That is inside the run-to-run spread, but with a bf16 cache every compiled run beat every
+default run of its machine (above), the encoder itself is faster compiled (36.4 -> 31.8 ms per
+page, seventh session), and the build is paid in the warm-up, so the fp8 profile compiles it too.
+
 Where it was not measured, vLLM's defaults stay:
-- fp8 KV cache: the launcher picks FlashInfer there (ocr_bundle.serve.attention), which takes
-  blocks of at most 64 tokens on Hopper; 64 gave +1.6%, inside the noise.
+- KV blocks with an fp8 KV cache: FlashInfer takes blocks of at most 64 tokens on Hopper; 64
+  gave +1.6%, inside the noise.
+- an fp8 KV cache with FlashAttention (FlashInfer missing or not chosen): the encoder stays eager.
 - GPUs other than Hopper: other attention kernels, other block constraints.
 - vLLM's CPU backend: the bundle's encoder patch does not apply to its vLLM.
 
@@ -49,6 +57,9 @@ def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: 
     flash_attention = (attention_choice is not None and attention_choice.vllm_backend in (None, "FLASH_ATTN")
                        and not attention.set_in_passthrough(passthrough))  # None: vLLM's default, FA3 on Hopper
     measured = kv_cache_dtype == "auto" and facts.hopper and flash_attention
+    # The fp8 profile as the launcher picks it on Hopper: FlashInfer decoding an fp8 cache.
+    fp8_flashinfer = (kv_cache_dtype == "fp8" and facts.hopper and attention_choice is not None
+                      and attention_choice.vllm_backend == "FLASHINFER" and not attention.set_in_passthrough(passthrough))
     unmeasured = ("not measured with an fp8 KV cache" if kv_cache_dtype != "auto"
                   else "not measured on these GPUs" if not facts.hopper
                   else "not measured with this attention backend")
@@ -64,11 +75,13 @@ def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: 
 
     if COMPILE_ENV in environ:
         notes.append(f"vision encoder: {COMPILE_ENV}={environ[COMPILE_ENV]}, as set in the environment")
-    elif compile_encoder == "on" or (compile_encoder == "auto" and measured):
+    elif compile_encoder == "on" or (compile_encoder == "auto" and (measured or fp8_flashinfer)):
         env[COMPILE_ENV] = "1"
         notes.append("vision encoder: compiled with torch.compile when it encodes its first image (15-45 s, once "
                      "per start; start_optimized.sh does it before saying ready)")
     else:
         env[COMPILE_ENV] = "0"
+        if kv_cache_dtype == "fp8" and facts.hopper:
+            unmeasured = "not measured with an fp8 KV cache and this attention backend"
         notes.append("vision encoder: eager" + ("" if compile_encoder == "off" else f" (torch.compile {unmeasured})"))
     return Tuning(flags, env, notes)
