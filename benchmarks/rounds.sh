@@ -2,7 +2,8 @@
 # Rounds of benchmarks/version_bench.sh one after the other in the background on the lent GPU machine, so that
 # the device time spent sending the next vLLM version's parts (one `run` per part) overlaps the rounds that can
 # already run, and no round waits on the caller between two calls.
-#   bash benchmarks/rounds.sh start FILE   # returns at once; FILE: one round a line, `[VAR=value ...] VERSION KIND NAME [args]`
+#   bash benchmarks/rounds.sh start FILE   # returns at once; FILE: one round a line,
+#                                          # `[VAR=value ...] VERSION KIND NAME [args]`
 #   bash benchmarks/rounds.sh wait [S]     # until the rounds end or S seconds pass (default 560); results into $OUT
 # A line such as `FLASHINFER=1 0.26.0 fp8 v026-fp8 --compile-encoder on` runs
 # `FLASHINFER=1 version_bench.sh fp8 v026-fp8 /root/site --compile-encoder on`; # starts a comment.
@@ -21,8 +22,9 @@ site_of() { [[ $1 == 0.26.0 ]] && echo "$SITES/site" || echo "$SITES/site-$1"; }
 run_rounds() {  # in the background, from the copy
   local file=$1 line words vars version kind name site deadline
   cd "$RUNS/bundle"
-  export STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-420}   # a round that cannot start costs minutes, not ten
-  OUT=$RUNS/out bash benchmarks/gpu_bench.sh setup >"$RUNS/setup.txt" 2>&1 || echo "setup failed (see setup.txt)" >>"$RUNS/progress"
+  export STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-420}  # a round that cannot start costs minutes, not ten
+  OUT=$RUNS/out bash benchmarks/gpu_bench.sh setup >"$RUNS/setup.txt" 2>&1 \
+    || echo "setup failed (see setup.txt)" >>"$RUNS/progress"
   while IFS= read -r line || [[ -n $line ]]; do
     line=${line%%#*}; read -r -a words <<<"$line"; (( ${#words[@]} )) || continue
     vars=()

@@ -78,7 +78,8 @@ def test_rounds_run_in_order_with_their_variables_and_wait_for_a_version_still_b
     sites = tmp_path / "sites"
     # setup installs 0.26.0 at once and 0.32.0 only on its second call, as when parts are still arriving.
     (bundle / "benchmarks" / "gpu_bench.sh").write_text(
-        f'mkdir -p {sites}/site/vllm; n=$(cat {tmp_path}/calls 2>/dev/null || echo 0); echo $((n + 1)) >{tmp_path}/calls\n'
+        f'mkdir -p {sites}/site/vllm; n=$(cat {tmp_path}/calls 2>/dev/null || echo 0)\n'
+        f'echo $((n + 1)) >{tmp_path}/calls\n'
         f'(( n >= 1 )) && mkdir -p {sites}/site-0.32.0/vllm; true\n')
     (bundle / "benchmarks" / "version_bench.sh").write_text(
         'echo "concurrency 1: $*"; echo "FLASHINFER=${FLASHINFER:-unset} LONE=${LONE:-unset}"\n'
