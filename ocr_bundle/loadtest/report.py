@@ -11,6 +11,8 @@ from pathlib import Path
 
 from ..files import atomic_write_json, atomic_write_text
 from ..headroom import headroom_verdict
+from ..tables import aligned
+from ..tables import markdown as markdown_table
 
 Series = dict[str, list[tuple[float, float]]]  # "gpu_used_mib" (all devices), "gpu0_used_mib", ...
 
@@ -58,16 +60,7 @@ def rows(report: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def aligned_table(report: dict) -> str:
-    header, body = rows(report)
-    widths = [max(len(cell) for cell in column) for column in zip(header, *body)]
-    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in body])
-
-
-def markdown_table(header: list[str], body: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in body]
-    return "\n".join(out)
+    return aligned(*rows(report))
 
 
 def client_verdict(report: dict) -> str:
