@@ -54,24 +54,16 @@ from ocr_bundle.inputs import InputFile, InputNotFound, discover, parse_page_ran
 from ocr_bundle.interrupts import GracefulInterrupt
 from ocr_bundle.progress import progress_bar
 from ocr_bundle.settings import (
-    MAX_OUTPUT_TOKENS,
     PAGE_PROMPT_TOKENS,
-    PDF_RENDER_DPI,
     READ_TIMEOUT_S,
     TARGET_LONGEST_EDGE,
-    TEMPERATURE,
     TOP_P,
+    add_conversion_arguments,
     add_server_arguments,
+    positive_int,
 )
 
 SUMMARY = "run-summary.json"
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def positive_float(text: str) -> float:
@@ -101,16 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "docs/benchmarks.md)")
     parser.add_argument("--render-workers", type=positive_int, default=max(1, min(8, (os.cpu_count() or 2) - 1)),
                         help="processes preparing pages (default: CPU cores - 1, at most 8)")
-    parser.add_argument("--max-tokens", type=positive_int, default=MAX_OUTPUT_TOKENS,
-                        help=f"output tokens per page (default {MAX_OUTPUT_TOKENS}, what the densest pages need)")
-    parser.add_argument("--max-attempts", type=positive_int, default=4,
-                        help="tries per page when a reply is cut at max_tokens or ends in a loop, each 0.2 "
-                             "hotter (default 4)")
-    parser.add_argument("--temperature", type=float, default=TEMPERATURE,
-                        help=f"temperature of the first attempt (default {TEMPERATURE})")
-    parser.add_argument("--dpi", type=positive_int, default=PDF_RENDER_DPI,
-                        help=f"PDF rendering resolution (default {PDF_RENDER_DPI}; the longest edge is capped at "
-                             f"{TARGET_LONGEST_EDGE} px either way)")
+    add_conversion_arguments(parser)
     parser.add_argument("--encoding", choices=("PNG", "JPEG"), default="PNG", help="page encoding sent (default PNG)")
     parser.add_argument("--max-file-mb", type=positive_float, default=1024,
                         help="skip files larger than this many MB (10^6 bytes; default 1024)")

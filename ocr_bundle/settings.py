@@ -73,3 +73,25 @@ def add_server_arguments(parser: argparse.ArgumentParser, url_flag: str = "--url
                              "lists)")
     parser.add_argument("--api-key", default=env_default(ENV_API_KEY),
                         help=f"the server's API key (env {ENV_API_KEY}; default: none)")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
+    """What shapes each converted page, in batch_ocr.py and in quality_check.py (which hands them to it)."""
+    parser.add_argument("--max-tokens", type=positive_int, default=MAX_OUTPUT_TOKENS,
+                        help=f"output tokens per page (default {MAX_OUTPUT_TOKENS}, what the densest pages need)")
+    parser.add_argument("--max-attempts", type=positive_int, default=4,
+                        help="tries per page when a reply is cut at max_tokens or ends in a loop, each 0.2 "
+                             "hotter (default 4)")
+    parser.add_argument("--temperature", type=float, default=TEMPERATURE,
+                        help=f"temperature of the first attempt (default {TEMPERATURE})")
+    parser.add_argument("--dpi", type=positive_int, default=PDF_RENDER_DPI,
+                        help=f"PDF rendering resolution (default {PDF_RENDER_DPI}; the longest edge is capped at "
+                             f"{TARGET_LONGEST_EDGE} px either way)")
