@@ -12,6 +12,7 @@ launcher import it with any python3, before vLLM's Python is known):
 - samples:    the bundled sample pages
 - draining:   waiting for worker threads, with a deadline once a stop is asked for
 - headroom:   could the client have limited what it measured? (one verdict)
+- tables:     aligned and Markdown tables (the stress test's and the quality check's reports)
 and client side (requests, Pillow, pypdfium2, tqdm):
 - client:     the OpenAI-compatible HTTP client for vLLM (status, server and model, OCR, errors)
 - images:     uploads (images, PDFs, multi-page TIFFs) → the page images the model expects
@@ -23,4 +24,6 @@ serve/    the server side: the launcher's decisions, scale-out, attention and tu
 loadtest/ the stress test: threaded replay and metrics, GPU and /metrics pollers, reports
 batch/    the batch converter: pipeline, render processes, resumable manifests, loop
           detection, run summary
+quality/  the quality check: olmOCR-Bench folders, conversion through batch_ocr.py, olmocr's
+          scorer, the serving profile a run records, paired comparison, reports
 """

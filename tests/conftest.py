@@ -38,12 +38,12 @@ NEEDS_VLLM_FIXTURES = {"vllm_server", "reader_server", "tiny_checkpoint"}
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Whatever needs vLLM is slow (its server starts in ~60-80 s on 2 cores, an import of it
-    takes ~15 s): `-m "not slow"` is the fast tier, which runs with requirements-bundle.txt
-    and pytest alone."""
+    takes ~15 s), and so is what needs olmOCR-Bench's scorer (requirements-quality.txt):
+    `-m "not slow"` is the fast tier, which runs with requirements-bundle.txt and pytest alone."""
     for item in items:
         if NEEDS_VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.needs_vllm)
-        if item.get_closest_marker("needs_vllm"):
+        if item.get_closest_marker("needs_vllm") or item.get_closest_marker("needs_olmocr"):
             item.add_marker(pytest.mark.slow)
 
 

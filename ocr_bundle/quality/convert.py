@@ -1,0 +1,77 @@
+"""The benchmark's PDFs through the server with the bundle's own converter, one run per repeat.
+
+Each repeat is `batch_ocr.py BENCH/pdfs --out RUN/convert/repeat<r>` as a user would run it:
+the same page preparation (200 DPI, longest edge 1540 px), client, retries of looping or cut
+pages, and resumable output, so an interrupted check converts only what is left. The
+Markdown of a page is read back from the converter's manifest: only pages done under the
+run's own settings count (a page kept from other settings is not this profile's).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..batch.manifest import DONE, MANIFEST, DocumentOutput, read_manifest
+from .bench import Bench
+
+BATCH_SCRIPT = Path(__file__).resolve().parents[2] / "batch_ocr.py"
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """The client's side of a profile: what batch_ocr.py is given."""
+
+    max_tokens: int
+    dpi: int
+    temperature: float
+    max_attempts: int
+
+    def batch_arguments(self) -> list[str]:
+        return ["--max-tokens", str(self.max_tokens), "--dpi", str(self.dpi), "--temperature", str(self.temperature),
+                "--max-attempts", str(self.max_attempts)]
+
+
+def repeat_folder(run: Path, repeat: int) -> Path:
+    return run / "convert" / f"repeat{repeat}"
+
+
+def convert_repeat(bench: Bench, run: Path, repeat: int, url: str, api_key: str | None, model: str,
+                   settings: ClientSettings, concurrency: int, quiet: bool) -> int:
+    """batch_ocr.py over the benchmark's PDFs; its exit status (0, 1 some page failed, 2 cannot
+    start, 130 interrupted). The key goes through the environment, never the command line."""
+    command = [sys.executable, str(BATCH_SCRIPT), str(bench.pdf_folder), "--out", str(repeat_folder(run, repeat)),
+               "--url", url, "--model", model, "--concurrency", str(concurrency), *settings.batch_arguments()]
+    if quiet:
+        command.append("--quiet")
+    env = {**os.environ, "VLLM_API_KEY": api_key or ""}
+    process = subprocess.Popen(command, env=env)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the converter too: let it write what it has and stop
+        return process.wait()
+
+
+def converted_pages(bench: Bench, run: Path, repeats: int) -> tuple[dict[tuple[str, int, int], str], int]:
+    """{(pdf, page, repeat): Markdown} for every page done under the run's settings, and how many
+    pages of the benchmark's PDFs are not (failed, left pending, or never converted)."""
+    by_source = {(bench.pdf_folder / name).resolve(): name for name in bench.pdfs}
+    texts: dict[tuple[str, int, int], str] = {}
+    expected = 0
+    for repeat in range(1, repeats + 1):
+        counts: dict[str, int] = {}
+        for manifest_path in sorted(repeat_folder(run, repeat).rglob(MANIFEST)):
+            manifest = read_manifest(manifest_path.parent)
+            name = by_source.get(Path(manifest["source"]).resolve()) if manifest and manifest.get("source") else None
+            if name is None:
+                continue
+            output = DocumentOutput(manifest_path.parent, manifest)
+            counts[name] = manifest.get("page_count") or 1
+            for page in sorted(output.done_pages(DONE)):
+                record = manifest["pages"][str(page)]
+                texts[(name, page, repeat)] = (output.folder / record["file"]).read_text(encoding="utf-8")
+        expected += sum(counts.get(name, 1) for name in bench.pdfs)
+    return texts, expected - len(texts)
