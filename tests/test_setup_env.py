@@ -80,7 +80,8 @@ def test_a_build_another_checkout_or_a_running_job_uses_is_never_deleted(tmp_pat
     switch back reuses it, and --prune deletes only a build nothing links or runs from."""
     checkout = tmp_path / "checkout"
     (checkout / "scripts").mkdir(parents=True)
-    for name in ("requirements-cpu.txt", "requirements-bundle.txt", "scripts/setup_cpu_env.sh"):
+    for name in ("requirements-cpu.txt", "requirements-bundle.txt", "requirements-quality.txt",
+                 "scripts/setup_cpu_env.sh"):
         (checkout / name).write_bytes((ROOT / name).read_bytes())
     (checkout / "scripts" / "setup_cpu_env.sh").chmod(0o755)
     venv = tmp_path / "venv-cpu"
