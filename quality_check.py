@@ -40,7 +40,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ocr_bundle.client import OcrClient, ServerUnusable, connect
-from ocr_bundle.quality.bench import Bench, BenchError, load_bench, prepare_score_folder, write_candidate
+from ocr_bundle.quality.bench import PDFS, Bench, BenchError, load_bench, prepare_score_folder, write_candidate
 from ocr_bundle.quality.compare import compare
 from ocr_bundle.quality.convert import ClientSettings, convert_repeat, converted_pages
 from ocr_bundle.quality.profile import check_and_record, server_profile
@@ -54,9 +54,9 @@ LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def label(text: str) -> str:
-    if not LABEL.fullmatch(text) or text in (SCORE_FOLDER, "pdfs"):
+    if not LABEL.fullmatch(text) or text in (SCORE_FOLDER, PDFS):
         raise argparse.ArgumentTypeError(f"{text!r}: a label is a folder name (letters, digits, . _ -), "
-                                         f"not {SCORE_FOLDER!r} or 'pdfs'")
+                                         f"not {SCORE_FOLDER!r} or {PDFS!r}")
     return text
 
 
@@ -111,8 +111,7 @@ def run_profile(args: argparse.Namespace, bench: Bench, name: str, client: OcrCl
     for repeat in range(1, args.repeats + 1):
         print(f"[quality] {name}: converting {len(bench.pdfs)} PDFs through {client.base_url} "
               f"(repeat {repeat} of {args.repeats})", file=sys.stderr, flush=True)
-        status = convert_repeat(bench, run, repeat, client.base_url, client.api_key, server["model"], settings,
-                                args.concurrency, args.quiet)
+        status = convert_repeat(bench, run, repeat, client, settings, args.concurrency, args.quiet)
         if status in (2, 130):
             return status
         statuses.append(status)

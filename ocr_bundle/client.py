@@ -54,6 +54,7 @@ class ServerUnusable(Exception):
 class ServerStatus:
     reachable: bool
     models: tuple[str, ...] = ()
+    weights: tuple[str | None, ...] = ()  # each model's checkpoint (its "root" in /v1/models), in the same order
     max_model_len: int | None = None
     version: str | None = None
     error: str | None = None
@@ -216,6 +217,7 @@ class OcrClient:
         try:
             data = response.json().get("data", [])
             models = tuple(str(m["id"]) for m in data)
+            weights = tuple(m.get("root") for m in data)
             max_len = next((int(m["max_model_len"]) for m in data if m.get("max_model_len")), None)
         except (ValueError, KeyError, TypeError, AttributeError):
             return ServerStatus(reachable=False, error="/v1/models answered something that is not a model list")
@@ -224,7 +226,7 @@ class OcrClient:
             version = self._get("/version", timeout).json().get("version")
         except (requests.RequestException, ValueError, AttributeError):
             pass
-        return ServerStatus(reachable=True, models=models, max_model_len=max_len, version=version)
+        return ServerStatus(reachable=True, models=models, weights=weights, max_model_len=max_len, version=version)
 
     def model(self) -> str:
         """The served model name: given, or the first one /v1/models lists."""

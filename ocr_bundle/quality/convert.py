@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..batch.manifest import DONE, MANIFEST, DocumentOutput, read_manifest
+from ..client import OcrClient
 from .bench import Bench
 
 BATCH_SCRIPT = Path(__file__).resolve().parents[2] / "batch_ocr.py"
@@ -39,15 +40,17 @@ def repeat_folder(run: Path, repeat: int) -> Path:
     return run / "convert" / f"repeat{repeat}"
 
 
-def convert_repeat(bench: Bench, run: Path, repeat: int, url: str, api_key: str | None, model: str,
-                   settings: ClientSettings, concurrency: int, quiet: bool) -> int:
-    """batch_ocr.py over the benchmark's PDFs; its exit status (0, 1 some page failed, 2 cannot
-    start, 130 interrupted). The key goes through the environment, never the command line."""
+def convert_repeat(bench: Bench, run: Path, repeat: int, client: OcrClient, settings: ClientSettings,
+                   concurrency: int, quiet: bool) -> int:
+    """batch_ocr.py over the benchmark's PDFs, against the client's server and model; its exit status
+    (0, 1 some page failed, 2 cannot start, 130 interrupted). The key goes through the environment,
+    never the command line."""
     command = [sys.executable, str(BATCH_SCRIPT), str(bench.pdf_folder), "--out", str(repeat_folder(run, repeat)),
-               "--url", url, "--model", model, "--concurrency", str(concurrency), *settings.batch_arguments()]
+               "--url", client.base_url, "--model", client.model(), "--concurrency", str(concurrency),
+               *settings.batch_arguments()]
     if quiet:
         command.append("--quiet")
-    env = {**os.environ, "VLLM_API_KEY": api_key or ""}
+    env = {**os.environ, "VLLM_API_KEY": client.api_key or ""}
     process = subprocess.Popen(command, env=env)
     try:
         return process.wait()

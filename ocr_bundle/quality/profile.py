@@ -29,13 +29,10 @@ CACHE_LABELS = ("cache_dtype", "block_size")
 
 def server_profile(client: OcrClient, status: ServerStatus) -> dict:
     """The server's side of the profile. Never raises: what cannot be read is None."""
-    profile = {"model": client.model(), "weights": None, "vllm": status.version,
-               "max_model_len": status.max_model_len, **{f"kv_{label}": None for label in CACHE_LABELS}}
-    try:
-        models = requests.get(f"{client.base_url}/v1/models", headers=client.headers(), timeout=10).json()["data"]
-        profile["weights"] = next((m.get("root") for m in models if m.get("id") == profile["model"]), None)
-    except (requests.RequestException, ValueError, KeyError, TypeError):
-        pass
+    model = client.model()
+    weights = dict(zip(status.models, status.weights)).get(model)
+    profile = {"model": model, "weights": weights, "vllm": status.version, "max_model_len": status.max_model_len,
+               **{f"kv_{label}": None for label in CACHE_LABELS}}
     try:
         text = requests.get(f"{client.base_url}/metrics", headers=client.headers(), timeout=10).text
         for family in text_string_to_metric_families(text):

@@ -27,7 +27,6 @@ from .bench import Bench
 
 MISSING_PAGE = "Missing MD files"  # what olmocr's evaluate_candidate records for a page with no Markdown
 BASELINE = "baseline"  # the category olmocr puts the baseline tests it adds into
-OLMOCR_VERSION = "0.4.27"  # the version this adapter was checked against (requirements-quality.txt)
 
 
 class OlmocrMissing(ImportError):
