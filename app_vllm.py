@@ -2,7 +2,7 @@
 """Gradio page for LightOnOCR-2-1B served by vLLM: upload an image or a PDF, read the text.
 
     python app_vllm.py                                   # server at http://127.0.0.1:8000, page on :7860
-    python app_vllm.py --server-url http://gpu-box:8000 --api-key s3cret --auth alice:pw
+    VLLM_API_KEY=s3cret python app_vllm.py --server-url http://gpu-box:8000 --auth alice:pw
 
 Precedence: flags > environment (VLLM_URL, VLLM_MODEL, VLLM_API_KEY, UI_HOST, UI_PORT,
 UI_AUTH, UI_MAX_UPLOAD_MB, UI_CONCURRENCY) > defaults. The page only talks HTTP to the
@@ -39,7 +39,15 @@ from ocr_bundle.images import (
     prepare_upload,
 )
 from ocr_bundle.samples import sample_paths
-from ocr_bundle.settings import MAX_OUTPUT_TOKENS, PAGE_PROMPT_TOKENS, READ_TIMEOUT_S, TEMPERATURE, add_server_arguments, env_default
+from ocr_bundle.settings import (
+    MAX_OUTPUT_TOKENS,
+    PAGE_PROMPT_TOKENS,
+    READ_TIMEOUT_S,
+    TEMPERATURE,
+    add_server_arguments,
+    api_key_from_env,
+    env_default,
+)
 
 LATEX_DELIMITERS = [
     {"left": "$$", "right": "$$", "display": True},
@@ -268,19 +276,6 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
     return page
 
 
-def parse_auth(value: str | None) -> list[tuple[str, str]] | None:
-    """'user:password[,user2:password2]' → Gradio's auth list; 'none' (no login, on purpose) → None."""
-    if not value or value == exposure.OPEN_ON_PURPOSE:
-        return None
-    pairs = []
-    for item in value.split(","):
-        user, sep, password = item.partition(":")
-        if not sep or not user or not password:
-            raise SystemExit("error: --auth / UI_AUTH must look like user:password[,user2:password2]")
-        pairs.append((user, password))
-    return pairs
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(parser, url_flag="--server-url")
@@ -302,13 +297,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    auth = parse_auth(args.auth)
-    if (problem := exposure.page_problem(args.host, args.auth, bool(args.api_key))) is not None:
+    api_key = api_key_from_env()
+    decision = exposure.check("single", None, args.host, {**os.environ, exposure.AUTH_ENV: args.auth or ""})
+    for problem in decision.problems:
         print(f"error: {problem}", file=sys.stderr)
+    if decision.problems:
         return 2
-    if (warning := exposure.page_warning(args.host, args.auth)) is not None:
+    for warning in decision.warnings:
         print(warning, file=sys.stderr)
-    client = OcrClient(args.url, api_key=args.api_key, model=args.model, read_timeout=args.timeout)
+    auth = exposure.parse_auth(args.auth)
+    client = OcrClient(args.url, api_key=api_key, model=args.model, read_timeout=args.timeout)
     max_bytes = int(args.max_upload_mb * 1024 * 1024)
     page = build_ui(client, PageSettings(max_upload_bytes=max_bytes, concurrency=args.concurrency))
     page.queue(default_concurrency_limit=args.concurrency, max_size=256)

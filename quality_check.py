@@ -47,7 +47,7 @@ from ocr_bundle.quality.profile import check_and_record, server_profile
 from ocr_bundle.quality.report import (comparison_table, conversion_note, describe_run, score_table, scorer_warning,
                                        write_comparison, write_results)
 from ocr_bundle.quality.scoring import OlmocrMissing, Score, olmocr_modules, score_candidate
-from ocr_bundle.settings import add_conversion_arguments, add_server_arguments, positive_int
+from ocr_bundle.settings import add_conversion_arguments, add_server_arguments, api_key_from_env, positive_int
 
 SCORE_FOLDER = "score"
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     profiles = []
     for name, url in names:  # every server checked before anything is converted
         try:
-            client, status = connect(url, args.api_key, args.model)
+            client, status = connect(url, api_key_from_env(), args.model)
         except ServerUnusable as exc:
             return fail(str(exc))
         server = server_profile(client, status)

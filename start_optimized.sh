@@ -4,15 +4,16 @@
 #   ./start_optimized.sh                      # GPU: lightonai/LightOnOCR-2-1B; no GPU: test checkpoint on CPU
 #   MODEL=/models/LightOnOCR-2-1B HOST=0.0.0.0 VLLM_API_KEY=s3cret UI_AUTH=me:pw ./start_optimized.sh
 #   ./start_optimized.sh --max-num-seqs 64    # extra arguments go to start_vllm_server.py
-#   ROUTER=on HOST=0.0.0.0 VLLM_API_KEY=s3cret UI_AUTH=me:pw ./start_optimized.sh   # head of several machines
-#   JOIN=http://10.0.0.1:8000 HOST=0.0.0.0 VLLM_API_KEY=s3cret ./start_optimized.sh  # another one joins it
+#   ROUTER=on HOST=0.0.0.0 VLLM_API_KEY=... ROUTER_ADMIN_KEY=... UI_AUTH=me:pw ./start_optimized.sh  # head
+#   JOIN=http://10.0.0.1:8000 HOST=0.0.0.0 VLLM_API_KEY=... ROUTER_ADMIN_KEY=... ./start_optimized.sh  # a node
 #
 # Configuration (environment; flags for the launcher go after the script name):
 #   MODEL          hub id or checkpoint folder (default: the hub model on a GPU box; without a GPU,
 #                  a generated random-weight test checkpoint on vLLM's CPU backend)
 #   HOST, PORT     vLLM bind address and port (default 127.0.0.1:8000)
 #   UI_HOST, UI_PORT  page bind address and port (default $HOST:7860)
-#   VLLM_API_KEY   key the server requires and the page sends (default: none)
+#   VLLM_API_KEY   key the server requires on every route but /health, /metrics, /version, /ping, and the
+#                  page sends (default: none). Read from the environment only; the banner masks it
 #   UI_AUTH        page login, user:password[,user2:password2] (default: none). Beyond loopback the
 #                  page needs one (or UI_AUTH=none, open on purpose), and the API a key (or ALLOW_OPEN_API=1)
 #   UI             off: start vLLM only, no page (an API-only server; default on)
@@ -23,13 +24,18 @@
 #                  start builds kernels and compiles the vision encoder)
 #   DATA_PARALLEL_SIZE  engine replicas on this machine (default auto: one per visible GPU,
 #                  CUDA_VISIBLE_DEVICES respected; 1 keeps one GPU)
-#   ROUTER         on: the head of several machines. vllm-router on HOST:PORT is the one endpoint (page
-#                  and clients use it); this machine's own server runs on 127.0.0.1:SERVER_PORT (default
-#                  PORT+1) and joins it. only: the router (and page) with no server here
+#   ROUTER         on: the head of several machines. The gateway (SMG) on HOST:PORT is the one endpoint
+#                  (page and clients use it; it checks VLLM_API_KEY); this machine's own server runs on
+#                  127.0.0.1:SERVER_PORT (default PORT+1), reachable by the gateway only, and joins it.
+#                  only: the gateway (and page) with no server here
+#   ROUTER_ADMIN_KEY  the gateway's admin key: only it adds or removes servers. Needed on the head and on
+#                  every machine that joins; clients never hold it. Must differ from VLLM_API_KEY
 #   JOIN           the head's endpoint, e.g. http://10.0.0.1:8000: this machine's server (HOST:PORT, no
-#                  page) joins the head's router once it has read its warm-up page, stays joined (also
-#                  across a restart of the head) and leaves it on ./stop_optimized.sh
-#   ROUTER_REQUEST_TIMEOUT, ROUTER_METRICS_PORT  the router's (python -m ocr_bundle.serve.router --help)
+#                  page) joins the head's gateway once it has read its warm-up page, stays joined (also
+#                  across a restart of the head) and leaves it on ./stop_optimized.sh. Checked before
+#                  vLLM starts: a gateway, both keys accepted, an address it can reach
+#   ROUTER_REQUEST_TIMEOUT, ROUTER_METRICS_PORT  the gateway's (python -m ocr_bundle.serve.gateway --help)
+#   STOP_GRACE     seconds stop_optimized.sh waits between TERM and KILL (default 30; whole seconds)
 #   MAX_PAGES_IN_FLIGHT, KV_CACHE_DTYPE, GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, ...
 #                  read by start_vllm_server.py (its --help lists them); e.g. MAX_PAGES_IN_FLIGHT=64
 #                  sizes GPU memory for 64 pages at once instead of taking 90% of the card
@@ -57,63 +63,57 @@ UI="${UI:-on}"
 say() { echo "[start] $*"; }
 die() { echo "[start] ERROR: $*" >&2; exit 1; }
 
-# ---- role: one machine (single), the head of several (router in front), or a machine joining a head
+# ---- role: one machine (single), the head of several (gateway in front), or a machine joining a head
+refuse() { echo "[start] ERROR: $*" >&2; exit 2; }  # a setting that cannot work: nothing was started
 if [[ -n "${NODE_RANK:-}${HEAD_ADDRESS:-}" || "${NODES:-1}" != 1 ]]; then
-  die "NODES/NODE_RANK/HEAD_ADDRESS (headless data-parallel nodes) are gone: each machine now runs its own server \
-behind the head's router. Head: ROUTER=on ./start_optimized.sh; every other machine: \
-JOIN=http://HEAD_ADDRESS:PORT HOST=0.0.0.0 VLLM_API_KEY=... ./start_optimized.sh (README, Scale)"
+  refuse "NODES/NODE_RANK/HEAD_ADDRESS (headless data-parallel nodes) are gone: each machine now runs its own server \
+behind the head's gateway. Head: ROUTER=on ./start_optimized.sh; every other machine: \
+JOIN=http://HEAD_ADDRESS:PORT HOST=0.0.0.0 VLLM_API_KEY=... ROUTER_ADMIN_KEY=... ./start_optimized.sh (README, Scale)"
 fi
-[[ "$ROUTER" =~ ^(on|only|off)$ ]] || die "ROUTER must be on, only or off, not '$ROUTER'"
+[[ "$ROUTER" =~ ^(on|only|off)$ ]] || refuse "ROUTER must be on, only or off, not '$ROUTER'"
 role=single
 [[ "$ROUTER" != off ]] && role=head
 if [[ -n "$JOIN" ]]; then
-  [[ $role == head ]] && die "ROUTER=$ROUTER and JOIN exclude each other: a machine is the head or joins one"
-  [[ "$JOIN" =~ ^https?://[^/]+/?$ ]] || die "JOIN must be the head's endpoint, like http://10.0.0.1:8000, not '$JOIN'"
-  role=worker UI=off  # a joining machine serves through the head: no page here
+  [[ $role == head ]] && refuse "ROUTER=$ROUTER and JOIN exclude each other: a machine is the head or joins one"
+  role=join UI=off  # a joining machine serves through the head: no page here
 fi
 has_server=true; [[ "$ROUTER" == only ]] && has_server=false
-# Where this machine's vLLM server listens: on the head, behind the router, reachable from here only.
+# Where this machine's vLLM server listens: on the head, behind the gateway, reachable from here only.
 if [[ $role == head ]]; then SERVER_HOST=127.0.0.1 SERVER_PORT="${SERVER_PORT:-$((PORT + 1))}"
 else SERVER_HOST=$HOST SERVER_PORT=$PORT; fi
 
 mkdir -p "$RUN_DIR"
 
 # ---- refuse to start twice
-for service in vllm ui router membership; do
+for service in vllm ui gateway membership; do
   if pid=$(service_pid "$service"); then
     die "$service is already running (PID $pid). Stop it first: ./stop_optimized.sh"
   fi
 done
 
-# ---- exposure: beyond loopback, the API needs a key and the page a login (or an explicit opt-out)
-if [[ $role == worker ]]; then
-  exposure_args=(--api-host "$HOST" --joins)
-  [[ -n "$VLLM_API_KEY" ]] && exposure_args+=(--api-key-set)
-  PYTHONPATH="$ROOT" python3 -m ocr_bundle.exposure "${exposure_args[@]}" || exit 2
-else
-  exposure_args=(--api-host "$HOST")
-  [[ $role == head ]] && exposure_args+=(--router)
-  [[ -n "$VLLM_API_KEY" ]] && exposure_args+=(--api-key-set)
-  [[ "${ALLOW_OPEN_API:-}" =~ ^(1|true|yes)$ ]] && exposure_args+=(--allow-open-api)
-  [[ $UI != off ]] && exposure_args+=(--page-host "$UI_HOST" --page-auth "$UI_AUTH")
-  PYTHONPATH="$ROOT" python3 -m ocr_bundle.exposure "${exposure_args[@]}" || exit 2
+# ---- exposure: beyond loopback, the API needs a key and the page a login (or an explicit opt-out); the
+# gateway's pool needs its own admin key. Keys and login are read from the environment, never argv.
+exposure_args=(--role "$role" --api-host "$HOST")
+[[ $role == join ]] && exposure_args+=(--join "$JOIN")
+[[ $UI != off ]] && exposure_args+=(--page-host "$UI_HOST")
+PYTHONPATH="$ROOT" python3 -m ocr_bundle.exposure "${exposure_args[@]}" || exit 2
+if [[ $role == join ]]; then
+  # Before vLLM spends minutes starting: is JOIN a gateway that takes both keys, and can it reach us?
+  PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.membership preflight --gateway "${JOIN%/}" --bind "$HOST" \
+    --port "$PORT" | sed 's/^/[start] /' || {
+    case ${PIPESTATUS[0]} in
+      3) say "the gateway at $JOIN does not answer yet: this server joins it as soon as it does" ;;
+      *) exit 2 ;;
+    esac; }
 fi
 
-is_all_interfaces() { [[ "$1" == "0.0.0.0" || "$1" == "::" ]]; }
-# Address the readiness checks (and the page) use to reach a service bound to $1.
-local_address() {
-  if is_all_interfaces "$1" || [[ "$1" == "localhost" ]]; then echo 127.0.0.1; else echo "$1"; fi
-}
-# Address a person can open: the machine's first address when bound to all interfaces.
-public_address() {
-  local address=""
-  if is_all_interfaces "$1"; then address=$(hostname -I 2>/dev/null | awk '{print $1}'); echo "${address:-$(hostname)}"
-  else echo "$1"; fi
-}
+# Address the readiness checks (and the page) use to reach a service bound to $1, and one a person can open.
+local_address() { PYTHONPATH="$ROOT" python3 -m ocr_bundle.exposure local-address "$1"; }
+public_address() { PYTHONPATH="$ROOT" python3 -m ocr_bundle.exposure public-address "$1"; }
 port_in_use() { (exec 3<>"/dev/tcp/$(local_address "$1")/$2") 2>/dev/null; }
 
 checks=()
-[[ $role == head ]] && checks+=("$HOST:$PORT:router:PORT")
+[[ $role == head ]] && checks+=("$HOST:$PORT:gateway:PORT")
 [[ $has_server == true ]] && checks+=("$SERVER_HOST:$SERVER_PORT:vLLM:$([[ $role == head ]] && echo SERVER_PORT || echo PORT)")
 [[ $UI == off ]] || checks+=("$UI_HOST:$UI_PORT:page:UI_PORT")
 for check in "${checks[@]}"; do
@@ -136,8 +136,8 @@ if [[ -z "$PYTHON" ]]; then
     die "vLLM is not installed for python3. On this GPU box: pip install -r requirements.txt (or set PYTHON)"
   fi
 fi
-if [[ $role == head ]] && ! "$PYTHON" -c "import vllm_router" >/dev/null 2>&1; then
-  die "vllm-router is not installed for $PYTHON: pip install -r requirements.txt (it pins vllm-router)"
+if [[ $role == head ]] && ! "$PYTHON" -c "import smg" >/dev/null 2>&1; then
+  die "smg (the gateway) is not installed for $PYTHON: pip install -r requirements.txt (it pins smg)"
 fi
 if [[ $has_server == false ]]; then
   :  # ROUTER=only: no model here
@@ -167,7 +167,7 @@ on_exit() {
       echo "---- last lines of $RUN_DIR/$name.log ----" >&2
       tail -n 40 "$RUN_DIR/$name.log" >&2 || true
     done
-    for name in ui membership vllm router; do
+    for name in ui membership vllm gateway; do
       if [[ " ${started[*]} " == *" $name "* ]]; then
         stop_service "$name" >&2 || true
       fi
@@ -191,13 +191,19 @@ launch() {  # launch NAME COMMAND...: own process group, log, PID file with star
 }
 
 membership() { PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.membership "$@"; }
-export VLLM_API_KEY  # the launcher, the router, the membership keeper and the page read it from the environment
+# The launcher, the gateway, the membership keeper and the page read the keys from the environment;
+# only the gateway and the keeper get the admin key.
+export VLLM_API_KEY
+ADMIN_KEY="${ROUTER_ADMIN_KEY:-}"
+unset ROUTER_ADMIN_KEY
+with_admin_key() { ROUTER_ADMIN_KEY="$ADMIN_KEY" "$@"; }
 api_local="http://$(local_address "$HOST"):$PORT"   # what the page and the readiness checks use
 if [[ $role == head ]]; then
-  say "starting the router (vllm-router) on $HOST:$PORT; log: $RUN_DIR/router.log"
-  launch router env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ocr_bundle.serve.router --host "$HOST" --port "$PORT"
-  wait_ready router "$api_local/liveness" 120
-  say "router is ready (PID $(service_pid router)); servers join it as they become ready"
+  say "starting the gateway (SMG) on $HOST:$PORT; log: $RUN_DIR/gateway.log"
+  launch gateway env ROUTER_ADMIN_KEY="$ADMIN_KEY" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" \
+    -m ocr_bundle.serve.gateway --host "$HOST" --port "$PORT"
+  wait_ready gateway "$api_local/liveness" 120
+  say "gateway is ready (PID $(service_pid gateway)); servers join it as they become ready"
 fi
 if [[ $has_server == true ]]; then
   server_local="http://$(local_address "$SERVER_HOST"):$SERVER_PORT"
@@ -206,7 +212,7 @@ if [[ $has_server == true ]]; then
   wait_ready vllm "$server_local/health" "$STARTUP_TIMEOUT"
   # /health answers before the engines have read a page; a first page pays one-time costs (on a
   # GPU, compiling the vision encoder: 15-45 s). Pay them now, one page per engine, before any
-  # client (or router) sends work here.
+  # client (or the gateway) sends work here.
   say "warming up: one page per engine$([[ $has_gpu == true ]] && echo ' (on a GPU this compiles the vision encoder)')"
   PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ocr_bundle.serve.warmup --url "$server_local" \
     --timeout "$STARTUP_TIMEOUT" | sed 's/^/[start] /' || die "vLLM answers /health but cannot read a page (see above)"
@@ -214,26 +220,26 @@ if [[ $has_server == true ]]; then
 fi
 
 if [[ $role != single && $has_server == true ]]; then
-  if [[ $role == head ]]; then router_url=$api_local; worker_url=$server_local
-  else router_url=${JOIN%/}; worker_url=$(membership advertise --bind "$HOST" --port "$PORT" --router "$router_url"); fi
+  if [[ $role == head ]]; then gateway_url=$api_local; server_url=$server_local
+  else gateway_url=${JOIN%/}; server_url=$(membership advertise --bind "$HOST" --port "$PORT" --gateway "$gateway_url"); fi
   joined=true
-  membership join --router "$router_url" --worker "$worker_url" | sed 's/^/[start] /' || {
+  with_admin_key membership join --gateway "$gateway_url" --server "$server_url" | sed 's/^/[start] /' || {
     case ${PIPESTATUS[0]} in
-      3) joined=false; say "the router at $router_url does not answer yet: this server joins it as soon as it does" ;;
-      *) die "the router at $router_url refused this server (see above)" ;;
+      3) joined=false; say "the gateway at $gateway_url has not added this server yet: the keeper goes on trying" ;;
+      *) die "the gateway at $gateway_url refused this server (see above)" ;;
     esac; }
   # Stays joined (a restarted head gets it back), leaves on ./stop_optimized.sh.
-  launch membership env PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.membership keep --router "$router_url" \
-    --worker "$worker_url" --pid-file "$(pid_file vllm)"
+  launch membership env ROUTER_ADMIN_KEY="$ADMIN_KEY" PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.membership keep \
+    --gateway "$gateway_url" --server "$server_url" --pid-file "$(pid_file vllm)"
 fi
 
-if [[ $role == worker ]]; then
+if [[ $role == join ]]; then
   cat <<MSG
 
-  This machine's server: $worker_url, $([[ $joined == true ]] && echo "joined" || echo "joining") the router at $router_url
-  Clients and the page use the head's endpoint: $router_url/v1
+  This machine's server: $server_url, $([[ $joined == true ]] && echo "joined" || echo "joining") the gateway at $gateway_url
+  Clients and the page use the head's endpoint: $gateway_url/v1
   Logs:      $RUN_DIR/vllm.log, $RUN_DIR/membership.log
-  Stop:      ./stop_optimized.sh   (leaves the router first; no request fails)
+  Stop:      ./stop_optimized.sh   (leaves the gateway first; no request fails)
 MSG
   exit 0
 fi
@@ -262,10 +268,10 @@ key_header=""; [[ -n "$VLLM_API_KEY" ]] && key_header=' -H "Authorization: Beare
 logs="$RUN_DIR/vllm.log, $RUN_DIR/ui.log"
 head_lines=""
 if [[ $role == head ]]; then
-  logs="$RUN_DIR/router.log, $([[ $has_server == true ]] && echo "$RUN_DIR/vllm.log, $RUN_DIR/membership.log, ")$RUN_DIR/ui.log"
+  logs="$RUN_DIR/gateway.log, $([[ $has_server == true ]] && echo "$RUN_DIR/vllm.log, $RUN_DIR/membership.log, ")$RUN_DIR/ui.log"
   head_lines="
-  Router:    the endpoint above is vllm-router; servers now: $(membership members --router "$api_local" 2>/dev/null || echo '?')
-  Join:      on another machine: JOIN=$api HOST=0.0.0.0 VLLM_API_KEY=<this key> ./start_optimized.sh"
+  Gateway:   the endpoint above is SMG (it checks the key); servers now: $(with_admin_key membership members --gateway "$api_local" 2>/dev/null || echo '?')
+  Join:      on another machine: JOIN=$api HOST=0.0.0.0 VLLM_API_KEY=<this key> ROUTER_ADMIN_KEY=<the admin key> ./start_optimized.sh"
 fi
 cat <<MSG
 

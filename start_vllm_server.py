@@ -2,7 +2,7 @@
 """Start vLLM's OpenAI-compatible server for LightOnOCR-2-1B with the model's recommended flags.
 
     python start_vllm_server.py                       # hub id, port 8000, localhost only
-    python start_vllm_server.py --model /models/LightOnOCR-2-1B --host 0.0.0.0 --api-key s3cret
+    VLLM_API_KEY=s3cret python start_vllm_server.py --model /models/LightOnOCR-2-1B --host 0.0.0.0
     python start_vllm_server.py --dry-run             # print the vLLM command, start nothing
     python start_vllm_server.py -- --enforce-eager    # anything after -- goes to vLLM as is
 
@@ -34,23 +34,30 @@ from ocr_bundle.serve.launch import (
     build_parser,
     check_local_checkpoint,
     installed_vllm_flavour,
+    installed_vllm_version,
     looks_like_path,
+    passthrough_problem,
     plan_data_parallel,
     preflight,
     redact,
     resolve_device,
+    route_keys_problem,
     split_passthrough,
 )
 from ocr_bundle.serve.scaleout import ScaleOutError, visible_gpu_count
-from ocr_bundle.settings import MAX_OUTPUT_TOKENS, PAGE_PROMPT_TOKENS
+from ocr_bundle.settings import MAX_OUTPUT_TOKENS, PAGE_PROMPT_TOKENS, api_key_from_env
 
 
 def main(argv: list[str] | None = None) -> int:
     own, passthrough = split_passthrough(sys.argv[1:] if argv is None else argv)
     args = build_parser(__doc__).parse_args(own)
     try:
-        problem = (exposure.worker_problem(args.host, bool(args.api_key)) if args.join
-                   else exposure.api_problem(args.host, bool(args.api_key), args.allow_open_api))
+        env = {**os.environ, exposure.OPEN_API_ENV: "1" if args.allow_open_api else ""}
+        decision = exposure.check("join" if args.join else "single", args.host, None, env, args.join,
+                                  admin_key_needed=False)
+        problem = (decision.problems or [None])[0] or passthrough_problem(passthrough)
+        if problem is None and not args.dry_run:
+            problem = route_keys_problem(installed_vllm_version(), bool(api_key_from_env()))
         if problem is not None:
             raise LaunchError(problem)
         if looks_like_path(args.model):
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_model_len < PAGE_PROMPT_TOKENS + MAX_OUTPUT_TOKENS:
         print(f"warning: --max-model-len {args.max_model_len} leaves ~{args.max_model_len - PAGE_PROMPT_TOKENS} "
               f"output tokens for a full page; dense pages need up to {MAX_OUTPUT_TOKENS}", file=sys.stderr)
-    if (warning := exposure.api_warning(args.host, bool(args.api_key))) is not None:
+    for warning in decision.warnings:
         print(warning, file=sys.stderr)
     if looks_like_path(args.model) and (Path(os.path.expanduser(args.model)) / "random_weights.json").exists():
         print("note: this is a generated random-weight checkpoint: it answers with random text. "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop what ./start_optimized.sh started (recorded PIDs only): the page; then, when this server
-# serves through a router, its membership (it leaves the router and waits for the server's
-# requests, so none fails); the router; then vLLM.
+# serves through a gateway, its membership (it leaves the gateway and waits for the server's
+# requests, so none fails); the gateway; then vLLM.
 #   RUN_DIR   where the PID files are (default ./run)
 #   STOP_GRACE  seconds between TERM and escalation (default 30)
 set -euo pipefail
@@ -15,6 +15,6 @@ if [[ -f "$(pid_file membership)" ]]; then
   # Its drain takes up to 60 s (ocr_bundle/serve/membership.py): do not escalate before.
   processes stop "$(pid_file membership)" --name membership --grace "$(( STOP_GRACE > 75 ? STOP_GRACE : 75 ))" || rc=1
 fi
-[[ -f "$(pid_file router)" ]] && { stop_service router || rc=1; }
+[[ -f "$(pid_file gateway)" ]] && { stop_service gateway || rc=1; }
 stop_service vllm || rc=1
 exit $rc

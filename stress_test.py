@@ -47,14 +47,14 @@ from ocr_bundle.images import (
 )
 from ocr_bundle.interrupts import GracefulInterrupt
 from ocr_bundle.loadtest.pollers import (
-    WORKER_SEPARATOR,
     GpuInfo,
     PeriodicPoller,
     ServerMetrics,
     counter_delta,
     devices_in_use,
+    gateway_counters,
     open_gpu_probe,
-    router_counters,
+    per_server_stats,
 )
 from ocr_bundle.loadtest.replay import Replayer, Workload, calculate_metrics, prepare_workload
 from ocr_bundle.loadtest.report import aligned_table, client_verdict, compare, write_reports
@@ -66,6 +66,7 @@ from ocr_bundle.settings import (
     TEMPERATURE,
     TOP_P,
     add_server_arguments,
+    api_key_from_env,
     env_default,
 )
 
@@ -118,9 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace", type=float, default=30.0,
                         help="after Ctrl-C, seconds requests in flight may take to finish (default 30)")
     parser.add_argument("--router-metrics", default=env_default("ROUTER_METRICS_URL", DEFAULT_ROUTER_METRICS_URL),
-                        help="behind the head's router: its Prometheus metrics, read before and after each level "
-                             f"(env ROUTER_METRICS_URL; default {DEFAULT_ROUTER_METRICS_URL}, the router's port on the "
-                             "head; n/a elsewhere)")
+                        help="behind the head's gateway: its Prometheus metrics (retries, breaker transitions, "
+                             "requests per server), read before and after each level (env ROUTER_METRICS_URL; "
+                             f"default {DEFAULT_ROUTER_METRICS_URL}, the gateway's port on the head; n/a elsewhere)")
+    parser.add_argument("--server-metrics", type=lambda text: [url for url in text.split(",") if url], default=[],
+                        help="servers whose /metrics to read directly for per-server rows, comma-separated URLs "
+                             "(behind the gateway, every server's rows come from its /engine_metrics already). "
+                             "No key is sent: /metrics is open on every server")
     parser.add_argument("--quiet", action="store_true", help="no progress bar per level")
     return parser
 
@@ -161,17 +166,6 @@ def read_idle_memory(gpu_probe) -> float | None:
         return None
 
 
-def per_server_stats(metrics_poller: PeriodicPoller, servers: list[str], start: float, end: float) -> dict:
-    """Each server's KV peak and request peaks over a level; None for a server never read (n/a)."""
-    stats = {}
-    for server in servers:
-        kv, running, waiting = (metrics_poller.window(f"{server}{WORKER_SEPARATOR}vllm:{gauge}", start, end)
-                                for gauge in ("kv_cache_usage_perc", "num_requests_running", "num_requests_waiting"))
-        stats[server] = ({"kv_cache_usage_peak": kv.peak, "running_peak": running.peak, "waiting_peak": waiting.peak}
-                         if running.samples else None)
-    return stats
-
-
 def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, args: argparse.Namespace,
               stop: threading.Event, gpu_poller: PeriodicPoller | None, metrics_poller: PeriodicPoller) -> dict:
     """One concurrency level: the requests, with a live progress bar, and its metrics."""
@@ -186,7 +180,7 @@ def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, a
         bar.update(1)
 
     servers: ServerMetrics = metrics_poller.probe
-    router_before = router_counters(args.router_metrics) if servers.workers is not None else None
+    gateway_before = gateway_counters(args.router_metrics) if servers.behind_gateway else None
     start = time.monotonic()
     try:
         run = replayer.run(workloads, concurrency, count, stop, args.grace, on_result)
@@ -210,9 +204,10 @@ def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, a
         "running_peak": metrics_poller.window("vllm:num_requests_running", start, end).peak,
         "waiting_peak": metrics_poller.window("vllm:num_requests_waiting", start, end).peak,
     }
-    if servers.workers is not None:
-        metrics.vllm["servers"] = per_server_stats(metrics_poller, servers.seen_workers, start, end)
-        metrics.vllm["router"] = counter_delta(router_before, router_counters(args.router_metrics))
+    if servers.per_server:
+        metrics.vllm["servers"] = per_server_stats(metrics_poller, servers.seen_servers, start, end)
+    if servers.behind_gateway:
+        metrics.vllm["gateway"] = counter_delta(gateway_before, gateway_counters(args.router_metrics))
     level = metrics.to_dict()
     level["window"] = {"start": start, "end": end}
     level["requests_planned"] = count
@@ -228,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     try:
-        client, status = connect(args.url, args.api_key, args.model, read_timeout=args.timeout)
+        client, status = connect(args.url, api_key_from_env(), args.model, read_timeout=args.timeout)
     except ServerUnusable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -272,10 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         gpu_poller = running.enter_context(PeriodicPoller(
             gpu_probe, args.sample_interval if gpu_info.backend == "nvml" else max(args.sample_interval, 1.0),
             "gpu")) if gpu_probe else None
-        servers = ServerMetrics(client.base_url, client.headers())
-        if servers.workers is not None:
-            print(f"behind a router: {len(servers.workers)} server(s) now: {', '.join(servers.workers) or 'none'}; "
-                  f"its metrics: {args.router_metrics}")
+        servers = ServerMetrics(client.base_url, args.server_metrics)  # no key: metrics routes are open
+        if servers.behind_gateway:
+            print(f"behind a gateway: servers' metrics from {client.base_url}/engine_metrics, its counters from "
+                  f"{args.router_metrics}")
         metrics_poller = running.enter_context(PeriodicPoller(servers, max(args.sample_interval, 0.25), "vllm-metrics"))
         if args.warmup > 0 and usable:
             warm = replayer.run(usable, min(args.concurrency), args.warmup, stop, args.grace).results
@@ -299,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             "gpu": {"backend": gpu_info.backend, "names": list(gpu_info.names), "total_mib": gpu_info.total_mib,
                     "devices": list(gpu_info.devices), "reason": gpu_info.reason},
             "label": args.label,
-            "servers": servers.seen_workers if servers.workers is not None else None,
+            "servers": servers.seen_servers if servers.per_server else None,
+            "behind_gateway": servers.behind_gateway,
         },
         "images": [w.name for w in workloads],
         "preparation_s": prep_s,

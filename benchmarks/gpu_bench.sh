@@ -10,8 +10,8 @@
 #   bash benchmarks/gpu_bench.sh profile NAME [tokens]       # vLLM's torch profiler over one request
 #   bash benchmarks/gpu_bench.sh hostprofile NAME [stress args]  # py-spy on the engine core and API server, c=1
 #   bash benchmarks/gpu_bench.sh stop
-# SERVER_PID_FILE points at a server started otherwise (a server lost under load, through the router:
-# benchmarks/router_bench.sh). Two one-GPU servers side by side (one
+# SERVER_PID_FILE points at a server started otherwise (a server lost under load, through the gateway:
+# benchmarks/gateway_bench.sh). Two one-GPU servers side by side (one
 # configuration per GPU, started together, measured one after the other):
 #   CUDA_VISIBLE_DEVICES=1 PORT=8001 SERVER_PID_FILE=/root/bench/server1.pid bash benchmarks/gpu_bench.sh ...
 # `profile` needs a server started with PROFILE_DIR set (serve adds vLLM's --profiler-config).

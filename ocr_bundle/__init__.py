@@ -5,7 +5,8 @@ The entry scripts beside this folder only parse arguments and print; the logic i
 Core, used everywhere (the first group is standard library only: the shell scripts and the
 launcher import it with any python3, before vLLM's Python is known):
 - settings:   the one registry: model id, token budgets, URLs, timeouts, env precedence
-- exposure:   beyond loopback, the API needs a key and the page a login
+- exposure:   beyond loopback, the API needs a key and the page a login; the gateway's pool an
+              admin key; the one decision, and the address helpers (loopback, all interfaces)
 - files:      atomic (and durable) writes: never half a file
 - inputs:     files, folders and globs → input files; page ranges; output folder names
 - interrupts: Ctrl-C for long runs (the first stops gracefully, the second at once)
@@ -13,13 +14,15 @@ launcher import it with any python3, before vLLM's Python is known):
 - draining:   waiting for worker threads, with a deadline once a stop is asked for
 - headroom:   could the client have limited what it measured? (one verdict)
 - tables:     aligned and Markdown tables (the stress test's and the quality check's reports)
+- prometheus: Prometheus text (vLLM's and the gateway's metrics), read once for every caller
 and client side (requests, Pillow, pypdfium2, tqdm):
 - client:     the OpenAI-compatible HTTP client for vLLM (status, server and model, OCR, errors)
 - images:     uploads (images, PDFs, multi-page TIFFs) → the page images the model expects
 - progress:   the progress bar
 
 serve/    the server side: the launcher's decisions, scale-out, attention and tuning
-          choices, process control, the warm-up page, and the vLLM patch with its entry
+          choices, process control, the warm-up page, the vLLM patch and the every-route
+          key with their entry, the gateway and each server's membership in it
           (standard library only, but warmup, a client)
 loadtest/ the stress test: threaded replay and metrics, GPU and /metrics pollers, reports
 batch/    the batch converter: pipeline, render processes, resumable manifests, loop

@@ -22,7 +22,6 @@ from urllib3.exceptions import ReadTimeoutError
 from .settings import (
     CONNECT_TIMEOUT_S,
     DEFAULT_SERVER_URL,
-    ENV_API_KEY,
     ENV_MODEL,
     ENV_URL,
     MAX_OUTPUT_TOKENS,
@@ -30,6 +29,7 @@ from .settings import (
     STATUS_TIMEOUT_S,
     TEMPERATURE,
     TOP_P,
+    api_key_from_env,
 )
 
 
@@ -84,10 +84,6 @@ def base_url_from_env(url: str | None = None) -> str:
     return (url or os.environ.get(ENV_URL) or DEFAULT_SERVER_URL).rstrip("/").removesuffix("/v1")
 
 
-def api_key_from_env(api_key: str | None = None) -> str | None:
-    return api_key or os.environ.get(ENV_API_KEY) or None
-
-
 def retry_after_s(response: requests.Response) -> float | None:
     """Retry-After in seconds (the delta form; an HTTP date is ignored)."""
     try:
@@ -128,7 +124,7 @@ def error_message_from_response(response: requests.Response) -> str:
 def explain_http_error(status: int, message: str) -> str:
     """Add the fix to the server's words where we know it."""
     if status == 401:
-        return f"The server refused the API key (401): {message}. Set VLLM_API_KEY / --api-key to the server's key."
+        return f"The server refused the API key (401): {message}. Set VLLM_API_KEY to the server's key."
     if status == 404 and "model" in message.lower():
         return f"Unknown model (404): {message}"
     if "maximum context length" in message or "max_model_len" in message:
@@ -182,7 +178,7 @@ class OcrClient:
         read_timeout: float = READ_TIMEOUT_S,
     ):
         self.base_url = base_url_from_env(base_url)
-        self.api_key = api_key_from_env(api_key)
+        self.api_key = api_key or api_key_from_env()
         self._model = model or os.environ.get(ENV_MODEL) or None
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout

@@ -1,33 +1,43 @@
-"""Who can reach a service, and whether it may be reached unprotected.
+"""Who can reach a service, and whether it may be reached unprotected: the one decision.
 
-The rule, for the API server and the page alike: a service bound beyond this machine's
-loopback interface is refused without protection, the API without a key (VLLM_API_KEY),
-the page without a login (UI_AUTH), unless the user says explicitly that it is meant to be
-open (ALLOW_OPEN_API=1, UI_AUTH=none). The page holds the API key: an open page reachable
-from the network opens a key-protected API to anyone, by browser and by script (Gradio
-serves an API of its own), so the key would protect nothing.
+The rule, for the API and the page alike: a service bound beyond this machine's loopback
+interface is refused without protection, the API without a key (VLLM_API_KEY), the page
+without a login (UI_AUTH), unless the user says explicitly that it is meant to be open
+(ALLOW_OPEN_API=1, UI_AUTH=none). The page holds the API key: an open page reachable from the
+network opens a key-protected API to anyone, by browser and by script (Gradio serves an API of
+its own), so the key would protect nothing.
 
-A server that joins a router (the head of several machines) has one stricter rule: it needs
-the key, always, with no opt-out. vllm-router 0.1.17 does not check keys itself; it passes
-the client's Authorization header on, and each server behind it checks it. A server without
-a key would make the router open to anyone who reaches it, whatever the head's settings.
+Several machines (the head's gateway, servers that join it) have stricter rules, with no
+opt-out: the gateway's pool is changed only with ROUTER_ADMIN_KEY, which differs from the
+client key (a client could otherwise add a server of its own and receive everyone's pages);
+a joining server needs both keys (the client key, which the gateway sends it, and the admin
+key, to join), and an address the gateway can reach (not loopback when the gateway is
+elsewhere).
 
-Any address that is not a loopback one counts, not only 0.0.0.0: a LAN or public address,
-or a host name (it resolves to something beyond this machine, or it would be localhost).
+Any address that is not a loopback one counts as reachable, not only 0.0.0.0: a LAN or public
+address, or a host name (it resolves to something beyond this machine, or it would be localhost).
 
-Standard library only: the start script runs it with the system's python3
-(`python3 -m ocr_bundle.exposure ...`, exit 2 and the reasons when refused), and the
-launcher and the page import it.
+`check()` makes the decision for the start script (`python3 -m ocr_bundle.exposure ...`, exit 2
+and the reasons before anything starts), the launcher and the page. Keys and passwords are
+read from the environment, never from arguments. Standard library only.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
+import socket
 import sys
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 OPEN_ON_PURPOSE = "none"  # UI_AUTH=none: a page without a login, on purpose
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
+ALL_INTERFACES = {"0.0.0.0", "::", "[::]", ""}
+ROLES = ("single", "head", "join")  # one machine; the head of several (gateway); a machine joining one
+KEY_ENV, ADMIN_KEY_ENV, AUTH_ENV, OPEN_API_ENV = "VLLM_API_KEY", "ROUTER_ADMIN_KEY", "UI_AUTH", "ALLOW_OPEN_API"
 
 
 def is_loopback(host: str) -> bool:
@@ -40,84 +50,172 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def is_all_interfaces(host: str) -> bool:
+    return host in ALL_INTERFACES
+
+
+def local_address(bind_host: str) -> str:
+    """The address a process on this machine uses to reach a service bound to `bind_host`."""
+    if is_all_interfaces(bind_host) or bind_host.lower() in LOCAL_NAMES:
+        return "127.0.0.1"
+    return bind_host
+
+
+def public_address(bind_host: str) -> str:
+    """An address a person can open for a service bound to `bind_host`: bound to all interfaces,
+    this machine's address on its default route (a UDP "connect" picks it and sends nothing)."""
+    if not is_all_interfaces(bind_host):
+        return bind_host
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # a documentation address: never reached
+            return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+
+
+def url_host(host: str) -> str:
+    """`host` as it goes into a URL (IPv6 in brackets)."""
+    return f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host
+
+
+def parse_auth(value: str | None) -> list[tuple[str, str]] | None:
+    """'user:password[,user2:password2]' → Gradio's auth list; 'none' (no login, on purpose) → None.
+    A malformed value raises ValueError (the message never repeats it: it holds passwords)."""
+    if not value or value == OPEN_ON_PURPOSE:
+        return None
+    pairs = []
+    for item in value.split(","):
+        user, sep, password = item.partition(":")
+        if not sep or not user or not password:
+            raise ValueError(f"{AUTH_ENV} must look like user:password[,user2:password2] (or "
+                             f"{AUTH_ENV}={OPEN_ON_PURPOSE}, a page without a login on purpose)")
+        pairs.append((user, password))
+    return pairs
+
+
 def api_problem(host: str, has_key: bool, open_on_purpose: bool) -> str | None:
-    """Why an API server on `host` must not start (None when it may)."""
+    """Why an API (server or gateway) on `host` must not start (None when it may)."""
     if is_loopback(host) or has_key or open_on_purpose:
         return None
     return (f"refusing to serve the vLLM API on {host} without an API key: anyone who can reach this machine "
-            "could use it. Set VLLM_API_KEY=... (the page and the clients send it), bind HOST=127.0.0.1, or set "
-            "ALLOW_OPEN_API=1 (launcher: --allow-open-api) if it is meant to be open.")
+            f"could use it. Set {KEY_ENV}=... (the page and the clients send it), bind HOST=127.0.0.1, or set "
+            f"{OPEN_API_ENV}=1 (launcher: --allow-open-api) if it is meant to be open.")
 
 
-def worker_problem(host: str, has_key: bool) -> str | None:
-    """Why a server that joins a router must not start on `host` (None when it may)."""
-    if has_key:
-        return None
-    return (f"refusing to start a joining server on {host} without an API key: the router does not check keys "
-            "itself, the servers behind it do, so one server without a key opens the router to anyone who reaches "
-            "it. Set VLLM_API_KEY to the head's key (the same on every machine); there is no opt-out for a joining "
-            "server.")
+def gateway_problems(has_key: bool, admin_key: str | None, key: str | None) -> list[str]:
+    """The head's gateway: its pool changes only with an admin key that no client holds."""
+    if not admin_key:
+        return [f"the gateway (ROUTER=on) needs {ADMIN_KEY_ENV}: only it adds or removes servers, and the "
+                "machines that join need it too (clients never do). Without one, anyone who reaches the "
+                "gateway could add a server of their own and receive every client's pages. Generate one, e.g. "
+                f"{ADMIN_KEY_ENV}=$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"]
+    if has_key and admin_key == key:
+        return [f"{ADMIN_KEY_ENV} must differ from {KEY_ENV}: every client holds the client key, and with it "
+                "could change the gateway's pool"]
+    return []
+
+
+def joining_problems(host: str, has_key: bool, admin_key: str | None, gateway_url: str,
+                     admin_key_needed: bool = True) -> list[str]:
+    """A server that joins a gateway: both keys, a well-formed gateway URL, an address it can reach."""
+    problems = []
+    parts = urllib.parse.urlsplit(gateway_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
+        problems.append(f"JOIN must be the gateway's endpoint, like http://10.0.0.1:8000, not '{gateway_url}'")
+    elif is_loopback(host) and not is_loopback(parts.hostname):
+        problems.append(f"HOST={host} is this machine's loopback address: the gateway at {parts.hostname} cannot "
+                        "reach it. Set HOST=0.0.0.0 (or this machine's address on the gateway's network)")
+    if not has_key:
+        problems.append(f"refusing to start a joining server on {host} without an API key: the gateway sends "
+                        f"its client key to every server, and a server without one is open to anyone who reaches "
+                        f"it. Set {KEY_ENV} to the head's key (the same on every machine); there is no opt-out "
+                        "for a joining server.")
+    if admin_key_needed and not admin_key:
+        problems.append(f"a joining server needs {ADMIN_KEY_ENV} (the head's admin key): it joins and leaves the "
+                        "gateway's pool through its admin API")
+    return problems
 
 
 def page_problem(host: str, auth: str | None, has_key: bool) -> str | None:
     """Why the page on `host` must not start (None when it may). `auth` is UI_AUTH as given."""
+    try:
+        parse_auth(auth)
+    except ValueError as exc:
+        return str(exc)
     if is_loopback(host) or auth:
         return None
     key = " It holds the API key, so the key would protect nothing." if has_key else ""
     return (f"refusing to serve the page on {host} without a login: anyone who can reach it could OCR through "
-            f"your server, by browser or by script.{key} Set UI_AUTH=user:password, bind UI_HOST=127.0.0.1 "
-            f"(and reach it through an SSH tunnel), or set UI_AUTH={OPEN_ON_PURPOSE} if it is meant to be open.")
+            f"your server, by browser or by script.{key} Set {AUTH_ENV}=user:password, bind UI_HOST=127.0.0.1 "
+            f"(and reach it through an SSH tunnel), or set {AUTH_ENV}={OPEN_ON_PURPOSE} if it is meant to be open.")
 
 
 def api_warning(host: str, has_key: bool) -> str | None:
     """A loud line for an API left open on purpose beyond loopback (None otherwise)."""
     if has_key or is_loopback(host):
         return None
-    return (f"WARNING: the vLLM API on {host} has no API key, on purpose (ALLOW_OPEN_API): "
+    return (f"WARNING: the vLLM API on {host} has no API key, on purpose ({OPEN_API_ENV}): "
             "anyone who can reach it can use it.")
-
-
-def router_warning(host: str) -> str | None:
-    """The router's own gap, beyond loopback: its membership calls take no key (None on loopback)."""
-    if is_loopback(host):
-        return None
-    return (f"WARNING: the router on {host} accepts /add_worker and /remove_worker from anyone who reaches it "
-            "(vllm-router 0.1.17 checks no key on them): someone could add a server of their own and receive "
-            "requests with their API keys. Let only your clients and your machines reach this port (firewall, "
-            "private network).")
 
 
 def page_warning(host: str, auth: str | None) -> str | None:
     """A loud line for a page left open on purpose beyond loopback (None otherwise)."""
     if auth != OPEN_ON_PURPOSE or is_loopback(host):
         return None
-    return (f"WARNING: the page on {host} has no login, on purpose (UI_AUTH={OPEN_ON_PURPOSE}): "
+    return (f"WARNING: the page on {host} has no login, on purpose ({AUTH_ENV}={OPEN_ON_PURPOSE}): "
             "anyone who can reach it can use the server through it.")
 
 
+def truthy(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class Decision:
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def check(role: str, api_host: str | None, page_host: str | None, env: Mapping[str, str],
+          join_url: str | None = None, admin_key_needed: bool = True) -> Decision:
+    """The decision for what this machine serves: the API on `api_host` (the gateway's address
+    on the head), the page on `page_host` (None: no page), keys and login from `env`. The
+    launcher checks a joining server without the admin key (membership is the start script's)."""
+    key, admin_key, auth = env.get(KEY_ENV) or None, env.get(ADMIN_KEY_ENV) or None, env.get(AUTH_ENV) or None
+    problems: list[str | None] = []
+    if api_host is not None:
+        if role == "join":
+            problems += joining_problems(api_host, bool(key), admin_key, join_url or "", admin_key_needed)
+        else:
+            problems.append(api_problem(api_host, bool(key), truthy(env.get(OPEN_API_ENV))))
+        if role == "head":
+            problems += gateway_problems(bool(key), admin_key, key)
+    if page_host is not None:
+        problems.append(page_problem(page_host, auth, bool(key)))
+    warnings = [api_warning(api_host, bool(key)) if api_host is not None and role != "join" else None,
+                page_warning(page_host, auth) if page_host is not None else None]
+    return Decision([p for p in problems if p], [w for w in warnings if w])
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Check the start script's exposure settings; exit 2 when refused.")
-    parser.add_argument("--api-host", required=True, help="the API server's bind address (HOST)")
-    parser.add_argument("--api-key-set", action="store_true", help="VLLM_API_KEY is set")
-    parser.add_argument("--allow-open-api", action="store_true", help="ALLOW_OPEN_API=1: no key, on purpose")
-    parser.add_argument("--joins", action="store_true", help="this server joins a router (JOIN is set)")
-    parser.add_argument("--router", action="store_true", help="the API is the head's router (ROUTER=on|only)")
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] in ("local-address", "public-address"):  # the start script's address helpers
+        print(url_host((local_address if argv[0] == "local-address" else public_address)(argv[1])))
+        return 0
+    parser = argparse.ArgumentParser(description="Check the start script's exposure settings (keys and login from "
+                                                 "the environment); exit 2 when refused.")
+    parser.add_argument("--role", choices=ROLES, default="single")
+    parser.add_argument("--api-host", required=True, help="the API's bind address (HOST; the gateway's on the head)")
+    parser.add_argument("--join", default=None, help="the gateway this server joins (JOIN)")
     parser.add_argument("--page-host", default=None, help="the page's bind address (UI_HOST); omit with UI=off")
-    parser.add_argument("--page-auth", default="", help="UI_AUTH as given ('none': no login, on purpose)")
     args = parser.parse_args(argv)
-    problems = [worker_problem(args.api_host, args.api_key_set) if args.joins
-                else api_problem(args.api_host, args.api_key_set, args.allow_open_api)]
-    if args.page_host is not None:
-        problems.append(page_problem(args.page_host, args.page_auth or None, args.api_key_set))
-    problems = [problem for problem in problems if problem]
-    for problem in problems:
+    decision = check(args.role, args.api_host, args.page_host, os.environ, args.join)
+    for problem in decision.problems:
         print(f"error: {problem}", file=sys.stderr)
-    if problems:
+    if decision.problems:
         return 2
-    warnings = [api_warning(args.api_host, args.api_key_set), router_warning(args.api_host) if args.router else None]
-    if args.page_host is not None:
-        warnings.append(page_warning(args.page_host, args.page_auth))
-    for line in filter(None, warnings):
+    for line in decision.warnings:
         print("#" * 80 + f"\n{line}\n" + "#" * 80, file=sys.stderr)
     return 0
 

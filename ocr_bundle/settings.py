@@ -38,7 +38,7 @@ DEFAULT_SERVER_URL = "http://127.0.0.1:8000"
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 600.0
 STATUS_TIMEOUT_S = 3.0
-# The head's router (several machines, one endpoint) keeps its Prometheus metrics on the head's loopback.
+# The head's gateway (several machines, one endpoint) keeps its Prometheus metrics on the head's loopback.
 ROUTER_METRICS_PORT = 29000
 DEFAULT_ROUTER_METRICS_URL = f"http://127.0.0.1:{ROUTER_METRICS_PORT}/metrics"
 
@@ -64,15 +64,40 @@ def env_default(name: str, fallback: T | None = None, cast: Callable[[str], T] =
                          f"{getattr(cast, '__name__', 'value')}") from None
 
 
+class KeyOnCommandLine(argparse.Action):
+    """--api-key is refused: a command line is visible to every user of the machine (`ps`,
+    /proc/PID/cmdline) and stays in shell history. The key comes from the environment."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs="?",
+                         help=f"not accepted: a key on a command line is visible to every user (ps). "
+                              f"Export {ENV_API_KEY} instead")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is not accepted: a command line is visible to every user of this machine "
+                     f"(ps) and stays in shell history. Export {ENV_API_KEY}=... instead (read -s {ENV_API_KEY} "
+                     f"&& export {ENV_API_KEY} keeps it out of the history too)")
+
+
+def refuse_key_on_command_line(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-key", action=KeyOnCommandLine)
+
+
+def api_key_from_env() -> str | None:
+    """The API key, from the environment only (never a flag, never stored with the settings)."""
+    return os.environ.get(ENV_API_KEY) or None
+
+
 def add_server_arguments(parser: argparse.ArgumentParser, url_flag: str = "--url") -> None:
-    """--url/--model/--api-key with the same environment fallbacks in every client script."""
+    """--url/--model with the same environment fallbacks in every client script; the key comes
+    from VLLM_API_KEY only, so it is in no namespace a script writes to a summary or a report."""
     parser.add_argument(url_flag, dest="url", default=env_default(ENV_URL, DEFAULT_SERVER_URL),
-                        help=f"vLLM server base URL (env {ENV_URL}; default {DEFAULT_SERVER_URL})")
+                        help=f"vLLM server base URL (env {ENV_URL}; default {DEFAULT_SERVER_URL}). The API key "
+                             f"comes from the environment: {ENV_API_KEY}")
     parser.add_argument("--model", default=env_default(ENV_MODEL),
                         help=f"served model name (env {ENV_MODEL}; default: the first one the server's /v1/models "
                              "lists)")
-    parser.add_argument("--api-key", default=env_default(ENV_API_KEY),
-                        help=f"the server's API key (env {ENV_API_KEY}; default: none)")
+    refuse_key_on_command_line(parser)
 
 
 def positive_int(text: str) -> int:

@@ -5,6 +5,10 @@
 
 RUN_DIR="${RUN_DIR:-$ROOT/run}"
 STOP_GRACE="${STOP_GRACE:-30}"
+if [[ ! "$STOP_GRACE" =~ ^[0-9]+$ ]]; then
+  echo "ERROR: STOP_GRACE must be whole seconds (like 30), not '$STOP_GRACE'; nothing was started or stopped" >&2
+  exit 2
+fi
 
 pid_file() { echo "$RUN_DIR/$1.pid"; }
 processes() { python3 "$ROOT/ocr_bundle/serve/processes.py" "$@"; }

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from helpers import PYTHON, ROOT
-from ocr_bundle.exposure import api_problem, is_loopback, page_problem
+from ocr_bundle.exposure import api_problem, is_loopback, page_problem, parse_auth
 
 FAR = "192.0.2.1"
 
@@ -49,6 +49,14 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     ({"JOIN": "http://10.0.0.1:8000", "HOST": "0.0.0.0", "ALLOW_OPEN_API": "1"},
      "refusing to start a joining server on 0.0.0.0 without an API key"),
     ({"ROUTER": "on", "HOST": FAR, "UI": "off"}, f"refusing to serve the vLLM API on {FAR} without an API key"),
+    ({"ROUTER": "on", "VLLM_API_KEY": "k", "UI": "off"}, "the gateway (ROUTER=on) needs ROUTER_ADMIN_KEY"),
+    ({"ROUTER": "on", "VLLM_API_KEY": "k", "ROUTER_ADMIN_KEY": "k", "UI": "off"},
+     "ROUTER_ADMIN_KEY must differ from VLLM_API_KEY"),
+    ({"JOIN": "http://192.0.2.1:8000", "VLLM_API_KEY": "k", "ROUTER_ADMIN_KEY": "a"},
+     "HOST=127.0.0.1 is this machine's loopback address: the gateway at 192.0.2.1 cannot reach it"),
+    ({"JOIN": "http://127.0.0.1:8000", "VLLM_API_KEY": "k"}, "a joining server needs ROUTER_ADMIN_KEY"),
+    ({"UI_AUTH": "alice"}, "UI_AUTH must look like user:password"),
+    ({"STOP_GRACE": "2.5"}, "STOP_GRACE must be whole seconds"),
 ])
 def test_the_start_script_refuses_an_unprotected_address_before_starting_anything(tmp_path, env, message):
     run_dir = tmp_path / "run"
@@ -61,14 +69,19 @@ def test_the_start_script_refuses_an_unprotected_address_before_starting_anythin
 @pytest.mark.parametrize("env, message", [
     ({"NODES": "2", "NODE_RANK": "1", "HEAD_ADDRESS": "10.0.0.1"}, "NODES/NODE_RANK/HEAD_ADDRESS"),
     ({"ROUTER": "on", "JOIN": "http://10.0.0.1:8000"}, "exclude each other"),
-    ({"JOIN": "10.0.0.1"}, "JOIN must be the head's endpoint"),
+    ({"JOIN": "10.0.0.1", "VLLM_API_KEY": "k", "ROUTER_ADMIN_KEY": "a"}, "JOIN must be the gateway's endpoint"),
     ({"ROUTER": "yes"}, "ROUTER must be on, only or off"),
 ])
 def test_the_start_script_explains_a_wrong_multi_machine_setting_before_starting_anything(tmp_path, env, message):
     run_dir = tmp_path / "run"
     done = run([str(ROOT / "start_optimized.sh")], {"RUN_DIR": str(run_dir), "MODEL": "/nowhere", **env})
-    assert done.returncode == 1 and message in done.stderr, done.stdout + done.stderr
+    assert done.returncode == 2 and message in done.stderr, done.stdout + done.stderr
     assert not any(run_dir.glob("*.pid"))
+
+
+def test_the_stop_script_refuses_a_grace_it_cannot_use_and_stops_nothing(tmp_path):
+    done = run([str(ROOT / "stop_optimized.sh")], {"RUN_DIR": str(tmp_path), "STOP_GRACE": "2.5"})
+    assert done.returncode == 2 and "STOP_GRACE must be whole seconds" in done.stderr
 
 
 def test_the_launcher_refuses_an_unprotected_address_and_accepts_an_explicit_opt_out(tmp_path):
@@ -81,8 +94,26 @@ def test_the_launcher_refuses_an_unprotected_address_and_accepts_an_explicit_opt
     assert "refusing to serve" not in opened.stderr and "not a LightOnOCR checkpoint" in opened.stderr
 
 
+def test_no_script_takes_a_key_on_its_command_line():
+    """A command line is visible to every user (ps): each script refuses --api-key and says why."""
+    for script in ("batch_ocr.py", "stress_test.py", "quality_check.py", "app_vllm.py", "start_vllm_server.py"):
+        done = run([PYTHON, str(ROOT / script), "--api-key", "s3cret"], {})
+        assert done.returncode == 2 and "is not accepted" in done.stderr and "VLLM_API_KEY" in done.stderr, script
+    passthrough = run([PYTHON, str(ROOT / "start_vllm_server.py"), "--dry-run", "--device", "cpu", "--",
+                       "--api-key", "s3cret"], {"VLLM_API_KEY": "k"})
+    assert passthrough.returncode == 2 and "visible to every user" in passthrough.stderr
+
+
+def test_ui_auth_is_parsed_once_and_never_echoed():
+    assert parse_auth("a:b,c:d:e") == [("a", "b"), ("c", "d:e")]
+    assert parse_auth(None) is None and parse_auth("none") is None
+    with pytest.raises(ValueError) as refused:
+        parse_auth("alice:pw,bob")
+    assert "pw" not in str(refused.value)
+
+
 def test_the_page_refuses_to_serve_beyond_loopback_without_a_login():
-    refused = run([PYTHON, str(ROOT / "app_vllm.py"), "--host", FAR, "--api-key", "k"], {})
+    refused = run([PYTHON, str(ROOT / "app_vllm.py"), "--host", FAR], {"VLLM_API_KEY": "k"})
     assert refused.returncode == 2
     assert f"refusing to serve the page on {FAR} without a login" in refused.stderr
     assert "the key would protect nothing" in refused.stderr and "Traceback" not in refused.stderr
@@ -91,7 +122,7 @@ def test_the_page_refuses_to_serve_beyond_loopback_without_a_login():
 def test_the_exposure_check_runs_with_the_standard_library_alone():
     """The start script runs it with the system's python3, which may have no third-party package."""
     done = subprocess.run([sys.executable, "-S", "-m", "ocr_bundle.exposure", "--api-host", "0.0.0.0",
-                           "--allow-open-api", "--page-host", "0.0.0.0", "--page-auth", "none"],
-                          capture_output=True, text=True, timeout=30, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+                           "--page-host", "0.0.0.0"], capture_output=True, text=True, timeout=30, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT), "ALLOW_OPEN_API": "1", "UI_AUTH": "none"})
     assert done.returncode == 0, done.stderr
     assert "no API key, on purpose" in done.stderr and "no login, on purpose (UI_AUTH=none)" in done.stderr

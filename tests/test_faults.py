@@ -25,7 +25,7 @@ from helpers import PYTHON, ROOT, free_port, running_requests, start_process, st
 from ocr_bundle.client import OcrClient, OcrError
 from ocr_bundle.images import prepare_image_bytes
 from ocr_bundle.inputs import discover, output_folders
-from ocr_bundle.loadtest.pollers import PeriodicPoller, vllm_metrics_probe
+from ocr_bundle.loadtest.pollers import PeriodicPoller, ServerMetrics
 from ocr_bundle.samples import sample_path
 from test_batch import a4_pdf, done_pages, manifest
 from test_images import encode, make_pdf
@@ -291,7 +291,7 @@ def test_eight_simultaneous_users_of_the_page_all_get_answers(vllm_server, tmp_p
                 errors.append(f"user {index}: {exc}")
 
         threads = [threading.Thread(target=user, args=(i,)) for i in range(8)]
-        with PeriodicPoller(vllm_metrics_probe(vllm_server.url), 0.05, "vllm-metrics") as metrics:
+        with PeriodicPoller(ServerMetrics(vllm_server.url), 0.05, "vllm-metrics") as metrics:
             for thread in threads:
                 thread.start()
             for thread in threads:

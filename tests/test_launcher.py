@@ -80,7 +80,9 @@ def test_precedence_flag_over_env_over_default(monkeypatch):
     command, env = command_for([], env={"PORT": "9001", "HOST": "0.0.0.0", "VLLM_API_KEY": "k"},
                                monkeypatch=monkeypatch)
     assert flag(command, "--port") == "9001" and flag(command, "--host") == "0.0.0.0"
-    assert env["VLLM_API_KEY"] == "k" and "k" not in command  # the key never shows in ps
+    # The key reaches vLLM in the environment it inherits (execve), never in its argv (ps) nor in
+    # the environment the launcher prints.
+    assert "k" not in command and "VLLM_API_KEY" not in env
     command, _ = command_for(["--port", "9002"], env={"PORT": "9001"}, monkeypatch=monkeypatch)
     assert flag(command, "--port") == "9002"
 
@@ -258,16 +260,19 @@ def test_every_visible_gpu_by_default(two_gpus):
 
 
 def test_a_joining_server_beyond_loopback_needs_the_key_with_no_opt_out(two_gpus):
-    """A server that joins a head's router is the router's only key check: no key, no start."""
-    join = ("--join", "http://10.0.0.1:8000", "--host", "0.0.0.0")
+    """A server that joins a head's gateway receives the gateway's key, and is reachable by other
+    machines: no key, no start (the start script checks the admin key and the gateway itself)."""
+    join = ("--join", "http://192.0.2.1:8000", "--host", "0.0.0.0")
     for extra in ((), ("--allow-open-api",)):
         refused = dry_run_gpu({**two_gpus, "VLLM_API_KEY": ""}, *join, *extra)
         assert refused.returncode == 2 and "no opt-out for a joining server" in refused.stderr, refused.stderr
     keyed = dry_run_gpu({**two_gpus, "VLLM_API_KEY": "s3cret"}, *join)
     assert keyed.returncode == 0, keyed.stderr
+    far_from_loopback = dry_run_gpu({**two_gpus, "VLLM_API_KEY": "s3cret"}, "--join", "http://192.0.2.1:8000")
+    assert far_from_loopback.returncode == 2 and "cannot reach it" in far_from_loopback.stderr
     assert "s3cret" not in keyed.stdout + keyed.stderr
     local = dry_run_gpu({**two_gpus, "VLLM_API_KEY": ""}, "--join", "http://127.0.0.1:8000")
-    assert local.returncode == 2  # on loopback too: the router checks no key itself
+    assert local.returncode == 2  # on loopback too: a joining server always holds the key
 
 
 def test_the_headless_data_parallel_flags_are_gone(two_gpus):
@@ -337,3 +342,14 @@ def test_fp8_without_nvcc_keeps_flashattention_and_an_explicit_flashinfer_is_ref
     assert "--attention-backend" not in vllm_args(done) and "no nvcc on PATH" in done.stdout
     refused = dry_run_gpu(h200_box, "--attention-backend", "flashinfer")
     assert refused.returncode == 2 and "no nvcc is on PATH" in refused.stderr
+
+
+@pytest.mark.parametrize("version, has_key, refused", [
+    ("0.26.0", True, False), ("0.32.0", True, False), ("0.32.0+cpu", True, False),
+    ("0.33.0", True, True), ("0.33.0", False, False), (None, True, False),
+])
+def test_a_key_is_served_only_by_a_vllm_on_which_every_route_is_keyed(version, has_key, refused):
+    problem = launcher.route_keys_problem(version, has_key)
+    assert (problem is not None) is refused
+    if refused:
+        assert "/invocations" in problem and "0.26.0, 0.32.0" in problem

@@ -8,7 +8,7 @@ import re
 import gradio as gr
 import pytest
 
-from app_vllm import OcrPage, PageSettings, build_ui, pages_to_process, parse_auth
+from app_vllm import OcrPage, PageSettings, build_ui, pages_to_process
 from ocr_bundle.client import OcrClient
 from ocr_bundle.samples import sample_path
 from test_images import make_pdf
@@ -98,10 +98,3 @@ def test_a_bad_upload_delivered_twice_gives_one_message(tmp_path):
     assert refusal(me).visible
     page.on_upload(str(sample_path("table_screenshot.png")), me)  # a good file in between
     assert refusal(me).visible
-
-
-def test_parse_auth():
-    assert parse_auth("a:b,c:d:e") == [("a", "b"), ("c", "d:e")]
-    assert parse_auth(None) is None
-    with pytest.raises(SystemExit):
-        parse_auth("nopassword")

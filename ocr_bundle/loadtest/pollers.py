@@ -1,8 +1,8 @@
 """Background pollers: GPU memory (NVML, nvidia-smi fallback, none) and vLLM's /metrics.
 
-Behind the head's router (several servers, one endpoint) the /metrics probe reads every
-server the router lists, each directly, and the router's own counters come from its
-metrics port (ServerMetrics, RouterCounters).
+Behind the head's gateway (several servers, one endpoint) the /metrics probe reads every
+server's metrics from the gateway's /engine_metrics (and any server the user names), and the
+gateway's own counters come from its metrics port (ServerMetrics, gateway_counters).
 
 One `PeriodicPoller` calls a probe function in a daemon thread and keeps a time series;
 the stress test reads peak/mean over each concurrency level's time window. A probe that
@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
+
+from ocr_bundle import prometheus
 
 Probe = Callable[[], dict[str, float]]
 
@@ -224,14 +225,9 @@ VLLM_GAUGES = {
 
 
 def parse_prometheus(text: str, wanted: dict[str, Callable] = VLLM_GAUGES) -> dict[str, float]:
-    """Pick gauges out of Prometheus text (prometheus_client's parser); the series of each
-    gauge (one per engine and label set) are folded with its reducer."""
-    found: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in wanted:
-                found.setdefault(sample.name, []).append(float(sample.value))
-    values = {name: wanted[name](vals) for name, vals in found.items()}
+    """Pick gauges out of Prometheus text (ocr_bundle.prometheus); the series of each gauge (one
+    per engine and label set) are folded with its reducer. ValueError for text that is not Prometheus."""
+    values = prometheus.fold(text, wanted)
     if "vllm:gpu_cache_usage_perc" in values and "vllm:kv_cache_usage_perc" not in values:
         values["vllm:kv_cache_usage_perc"] = values["vllm:gpu_cache_usage_perc"]
     values.pop("vllm:gpu_cache_usage_perc", None)
@@ -242,13 +238,13 @@ def engine_count(text: str) -> int:
     """How many engines a vLLM server's /metrics reports: the values of the `engine` label on
     its running-requests gauge, one per data-parallel replica (remote nodes' included). At
     least 1: a server without the label runs one engine."""
-    engines = {sample.labels.get("engine") for family in text_string_to_metric_families(text)
-               for sample in family.samples if sample.name == "vllm:num_requests_running"}
+    engines = {sample.labels.get("engine") for sample in prometheus.samples(text)
+               if sample.name == "vllm:num_requests_running"}
     return max(1, len(engines - {None}))
 
 
-WORKER_SEPARATOR = "|"  # per-server keys: "<server url>|vllm:kv_cache_usage_perc"
-WORKER_REFRESH_S = 5.0
+SERVER_SEPARATOR = "|"  # per-server keys: "<server url>|vllm:kv_cache_usage_perc"
+GATEWAY_SERVER_LABEL = "worker_addr"  # the label SMG's /engine_metrics puts on each server's series
 
 
 def fold(per_server: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -260,100 +256,132 @@ def fold(per_server: dict[str, dict[str, float]]) -> dict[str, float]:
     return {name: VLLM_GAUGES[name](found) for name, found in values.items()}
 
 
-class ServerMetrics:
-    """The probe for vLLM's /metrics at `base_url`: one server, or every server behind a router.
+def gauges_by_server(text: str, label: str = GATEWAY_SERVER_LABEL) -> dict[str, dict[str, float]]:
+    """The gateway's /engine_metrics (every server's vLLM metrics, each series labelled with its
+    server) → the gauges of each server."""
+    series: dict[str, dict[str, list[float]]] = {}
+    for sample in prometheus.samples(text):
+        if sample.name in VLLM_GAUGES and label in sample.labels:
+            series.setdefault(sample.labels[label].rstrip("/"), {}).setdefault(sample.name, []).append(sample.value)
+    per_server = {}
+    for server, found in series.items():
+        gauges = {name: VLLM_GAUGES[name](values) for name, values in found.items()}
+        if "vllm:gpu_cache_usage_perc" in gauges and "vllm:kv_cache_usage_perc" not in gauges:
+            gauges["vllm:kv_cache_usage_perc"] = gauges["vllm:gpu_cache_usage_perc"]
+        gauges.pop("vllm:gpu_cache_usage_perc", None)
+        per_server[server] = gauges
+    return per_server
 
-    A vllm-router answers /list_workers with the servers it routes to; each is then read
-    directly (the router's own /metrics would show one server per call), and the gauges are
-    folded (KV usage: the fullest server; requests: the sum) and kept per server too, under
-    "<server>|<gauge>". A server this client cannot reach (the head's own one listens on the
-    head's loopback) has no values: n/a in the report, not zero.
+
+class ServerMetrics:
+    """The probe for vLLM's /metrics at `base_url`: one server, or every server behind a gateway.
+
+    No request of it carries a key: /metrics (vLLM) and /engine_metrics (the gateway) are open
+    by design, and a key goes nowhere but where the user sent it. A vLLM server answers /metrics
+    itself. The head's gateway (SMG) has no /metrics on its public port; its /engine_metrics
+    holds every server's metrics, each labelled with its server, and gives the folded gauges
+    (KV usage: the fullest server; requests: the sum) and each server's under
+    "<server>|<gauge>". `extra_servers` are read directly as well (--server-metrics: URLs the
+    user gave). A source that does not answer, or answers with something that is not Prometheus
+    text, costs only its own values for that sample: n/a in the report, not zero.
     """
 
-    def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, base_url: str, extra_servers: Sequence[str] = (), timeout: float = 2.0):
         self.base_url = base_url.rstrip("/")
+        self.extra_servers = [url.rstrip("/") for url in extra_servers]
         self.session = requests.Session()
-        if headers:
-            self.session.headers.update(headers)
         self.timeout = timeout
-        self.clock = clock
-        self.workers: list[str] | None = None  # None: not behind a router
-        self.seen_workers: list[str] = []  # every server listed during the run, in order of appearance
-        self._listed_at = -WORKER_REFRESH_S
-        self.refresh_workers()
+        self.behind_gateway = self._text(f"{self.base_url}/metrics") is None and \
+            self._text(f"{self.base_url}/engine_metrics") is not None
+        self.seen_servers: list[str] = list(self.extra_servers)  # every server seen during the run, in order
 
-    def refresh_workers(self) -> None:
-        self._listed_at = self.clock()
-        try:
-            response = self.session.get(f"{self.base_url}/list_workers", timeout=self.timeout)
-            urls = response.json().get("urls") if response.status_code == 200 else None
-        except (requests.RequestException, ValueError, AttributeError):
-            urls = None
-        if isinstance(urls, list):
-            self.workers = [str(url).rstrip("/") for url in urls]
-            self.seen_workers += [url for url in self.workers if url not in self.seen_workers]
+    @property
+    def per_server(self) -> bool:
+        return self.behind_gateway or bool(self.extra_servers)
 
-    def _gauges(self, url: str) -> dict[str, float] | None:
+    def _text(self, url: str) -> str | None:
         try:
-            response = self.session.get(f"{url}/metrics", timeout=self.timeout)
+            response = self.session.get(url, timeout=self.timeout, allow_redirects=False)
         except requests.RequestException:
             return None  # a server restarting mid-run is the workload's problem, not the poller's
-        return parse_prometheus(response.text) if response.status_code == 200 else None
+        return response.text if response.status_code == 200 else None
+
+    def _gauges(self, url: str) -> dict[str, float] | None:
+        text = self._text(f"{url}/metrics")
+        try:
+            return parse_prometheus(text) if text is not None else None
+        except ValueError:
+            return None
 
     def __call__(self) -> dict[str, float]:
-        if self.workers is not None and self.clock() - self._listed_at >= WORKER_REFRESH_S:
-            self.refresh_workers()
-        if self.workers is None:
+        if not self.per_server:
             return self._gauges(self.base_url) or {}
-        per_server = {url: gauges for url in self.workers if (gauges := self._gauges(url)) is not None}
+        per_server: dict[str, dict[str, float]] = {}
+        if self.behind_gateway and (text := self._text(f"{self.base_url}/engine_metrics")) is not None:
+            try:
+                per_server.update(gauges_by_server(text))
+            except ValueError:
+                pass
+        for url in self.extra_servers:
+            if (gauges := self._gauges(url)) is not None:
+                per_server[url] = gauges
+        self.seen_servers += [url for url in per_server if url not in self.seen_servers]
         values = fold(per_server)
         for url, gauges in per_server.items():
-            values.update({f"{url}{WORKER_SEPARATOR}{name}": value for name, value in gauges.items()})
+            values.update({f"{url}{SERVER_SEPARATOR}{name}": value for name, value in gauges.items()})
         return values
 
 
-def vllm_metrics_probe(base_url: str, headers: dict[str, str] | None = None, timeout: float = 2.0) -> ServerMetrics:
-    return ServerMetrics(base_url, headers, timeout)
+def per_server_stats(metrics_poller: PeriodicPoller, servers: list[str], start: float, end: float) -> dict:
+    """Each server's KV peak and request peaks over a level; None for a server never read (n/a)."""
+    stats = {}
+    for server in servers:
+        kv, running, waiting = (metrics_poller.window(f"{server}{SERVER_SEPARATOR}vllm:{gauge}", start, end)
+                                for gauge in ("kv_cache_usage_perc", "num_requests_running", "num_requests_waiting"))
+        stats[server] = ({"kv_cache_usage_peak": kv.peak, "running_peak": running.peak, "waiting_peak": waiting.peak}
+                         if running.samples else None)
+    return stats
 
 
-# ------------------------------------------------------------------ the router's counters
+# ------------------------------------------------------------------ the gateway's counters
 
-ROUTER_COUNTERS = {  # counter -> the report's name; summed over labels, except per-server counts
-    "vllm_router_retries_total": "retries",
-    "vllm_router_retries_exhausted_total": "retries_exhausted",
-    "vllm_router_cb_state_transitions_total": "breaker_transitions",
-    "vllm_router_request_errors_total": "router_errors",
+GATEWAY_COUNTERS = {  # counter -> the report's name; summed over labels, except per-server counts
+    "smg_worker_retries_total": "retries",
+    "smg_worker_retries_exhausted_total": "retries_exhausted",
+    "smg_worker_cb_transitions_total": "breaker_transitions",
+    "smg_router_request_errors_total": "gateway_errors",
 }
-PER_SERVER_COUNTER = "vllm_router_processed_requests_total"
+PER_SERVER_COUNTER = "smg_worker_requests_total"
 
 
-def router_counters(metrics_url: str, timeout: float = 2.0) -> dict | None:
-    """The router's counters now (retries, breaker transitions, requests per server), or None
-    where its metrics port is not reachable from here."""
+def gateway_counters(metrics_url: str, timeout: float = 2.0) -> dict | None:
+    """The gateway's counters now (retries, breaker transitions, requests per server), or None
+    where its metrics port is not reachable from here (it listens on the head's loopback). SMG
+    drops a server's per-server series when the server leaves its pool (a lost one is removed
+    by its keeper): requests per server count the servers in the pool when it is read."""
     try:
-        response = requests.get(metrics_url, timeout=timeout)
-    except requests.RequestException:
+        response = requests.get(metrics_url, timeout=timeout, allow_redirects=False)
+        if response.status_code != 200:
+            return None
+        found = list(prometheus.samples(response.text))
+    except (requests.RequestException, ValueError):
         return None
-    if response.status_code != 200:
-        return None
-    totals: dict[str, float] = dict.fromkeys(ROUTER_COUNTERS.values(), 0.0)
+    totals: dict[str, float] = dict.fromkeys(GATEWAY_COUNTERS.values(), 0.0)
     per_server: dict[str, float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            if sample.name in ROUTER_COUNTERS:
-                totals[ROUTER_COUNTERS[sample.name]] += sample.value
-            elif sample.name == PER_SERVER_COUNTER:
-                server = sample.labels.get("worker") or sample.labels.get("worker_url") or "?"
-                per_server[server] = per_server.get(server, 0.0) + sample.value
+    for sample in found:
+        if sample.name in GATEWAY_COUNTERS:
+            totals[GATEWAY_COUNTERS[sample.name]] += sample.value
+        elif sample.name == PER_SERVER_COUNTER:
+            server = sample.labels.get("worker", "?").rstrip("/")
+            per_server[server] = per_server.get(server, 0.0) + sample.value
     return {**totals, "requests_per_server": per_server}
 
 
 def counter_delta(before: dict | None, after: dict | None) -> dict | None:
-    """What the router counted between two readings (None when either is missing)."""
+    """What the gateway counted between two readings (None when either is missing)."""
     if before is None or after is None:
         return None
-    delta = {name: after[name] - before.get(name, 0.0) for name in ROUTER_COUNTERS.values()}
+    delta = {name: after[name] - before.get(name, 0.0) for name in GATEWAY_COUNTERS.values()}
     delta["requests_per_server"] = {server: count - before["requests_per_server"].get(server, 0.0)
                                     for server, count in after["requests_per_server"].items()}
     return delta

@@ -139,29 +139,33 @@ def per_device_lines(report: dict) -> list[str]:
 
 
 def per_server_lines(report: dict) -> list[str]:
-    """Behind a router: the servers it listed, each one's KV and request peaks, and what the
-    router counted (retries, breaker transitions, requests per server)."""
+    """Per server: each one's KV and request peaks; behind the gateway, what it counted (retries,
+    breaker transitions, requests per server)."""
     servers = report["environment"].get("servers")
     if servers is None:
         return []
-    lines = [f"Behind a router (vllm-router): {len(servers)} server(s) listed during the run: "
+    behind = report["environment"].get("behind_gateway")
+    lines = [f"{'Behind a gateway (SMG)' if behind else 'Per server'}: {len(servers)} server(s) seen during the run: "
              f"{', '.join(servers) or 'none'}.", ""]
     for level in report["levels"]:
         vllm = level.get("vllm") or {}
         cells = []
         for server, stats in (vllm.get("servers") or {}).items():
-            cells.append(f"{server} n/a (not reachable from this client)" if stats is None else
+            cells.append(f"{server} n/a (no metrics read)" if stats is None else
                          f"{server} KV peak {fmt(stats['kv_cache_usage_peak'], '{:.1%}')}, running peak "
                          f"{fmt(stats['running_peak'], '{:.0f}')}, waiting peak {fmt(stats['waiting_peak'], '{:.0f}')}")
-        router = vllm.get("router")
-        if router is None:
-            counted = "router metrics n/a (its port is on the head's loopback)"
-        else:
-            per_server = ", ".join(f"{server} {count:.0f}" for server, count in router["requests_per_server"].items())
-            counted = (f"router: {router['retries']:.0f} retries ({router['retries_exhausted']:.0f} exhausted), "
-                       f"{router['breaker_transitions']:.0f} breaker transitions, {router['router_errors']:.0f} "
-                       f"errors; requests per server: {per_server or 'none'}")
-        lines.append(f"- concurrency {level['concurrency']}: {'; '.join(cells) or 'no server read'}. {counted}")
+        counted = ""
+        if behind:
+            gateway = vllm.get("gateway")
+            if gateway is None:
+                counted = " Gateway counters n/a (its metrics port is on the head's loopback)"
+            else:
+                per_server = ", ".join(f"{server} {count:.0f}"
+                                       for server, count in gateway["requests_per_server"].items())
+                counted = (f" Gateway: {gateway['retries']:.0f} retries ({gateway['retries_exhausted']:.0f} "
+                           f"exhausted), {gateway['breaker_transitions']:.0f} breaker transitions, "
+                           f"{gateway['gateway_errors']:.0f} errors; requests per server: {per_server or 'none'}")
+        lines.append(f"- concurrency {level['concurrency']}: {'; '.join(cells) or 'no server read'}.{counted}")
     return lines + [""]
 
 

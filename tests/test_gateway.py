@@ -1,0 +1,418 @@
+"""Several servers behind the head's gateway (SMG), through the bundle's own scripts, on the CPU backend.
+
+One head (ROUTER=on: the gateway on PORT, its own server on SERVER_PORT, the page) and one
+machine joining it (JOIN=...), both on this host with their own ports and run directories,
+started once for this module. The tests run in file order: every door is tried; a server is
+killed mid-batch and restarted, killed mid-stress-run and restarted, stopped with
+stop_optimized.sh mid-batch, restarted by its scripts mid-batch; then the head is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+from PIL import Image
+
+from conftest import TEST_MAX_MODEL_LEN
+from helpers import PYTHON, ROOT, free_port, server_requests, wait_for
+from ocr_bundle.loadtest.pollers import gateway_counters
+from ocr_bundle.serve.membership import Gateway
+from ocr_bundle.serve.processes import Service, read_pid_file
+from ocr_bundle.serve.route_keys import OPEN_PATHS
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from make_pdf import image_pdf, jpeg_of  # noqa: E402
+
+KEY = "gateway-test-key"
+ADMIN_KEY = "gateway-test-admin-key"
+SERVER_ARGS = ("--max-model-len", str(TEST_MAX_MODEL_LEN), "--cpu-kv-cache-gb", "1")
+
+# SMG 1.13.0's routes (model_gateway/src/server.rs, build_app): (method, path, group). Axum
+# routes are compiled into its binary, so they cannot be listed from the running gateway the
+# way vLLM's are; this table is its router, read from the source of the pinned version.
+SMG_ROUTES = [
+    *[(m, p, "data") for m, p in [
+        ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/generate"), ("POST", "/rerank"),
+        ("POST", "/v1/rerank"), ("POST", "/v1/embeddings"), ("POST", "/v1/messages"), ("POST", "/v1/interactions"),
+        ("POST", "/v1/classify"), ("POST", "/v1/tokenize"), ("POST", "/v1/detokenize"), ("POST", "/v1/responses"),
+        ("GET", "/v1/responses/x"), ("POST", "/v1/responses/x/cancel"), ("DELETE", "/v1/responses/x"),
+        ("GET", "/v1/responses/x/input_items"), ("POST", "/v1/conversations"), ("GET", "/v1/conversations/x"),
+        ("POST", "/v1/conversations/x"), ("DELETE", "/v1/conversations/x"), ("GET", "/v1/conversations/x/items"),
+        ("POST", "/v1/conversations/x/items"), ("GET", "/v1/conversations/x/items/y"),
+        ("DELETE", "/v1/conversations/x/items/y"), ("POST", "/v1/realtime/sessions"),
+        ("POST", "/v1/realtime/client_secrets"), ("POST", "/v1/realtime/transcription_sessions"),
+        ("GET", "/v1/realtime"), ("POST", "/v1/realtime/calls"), ("POST", "/v1/audio/transcriptions"), ("GET", "/health_generate")]],
+    *[(m, p, "admin") for m, p in [
+        ("GET", "/workers"), ("POST", "/workers"), ("GET", "/workers/x"), ("PUT", "/workers/x"),
+        ("PATCH", "/workers/x"), ("DELETE", "/workers/x"), ("POST", "/flush_cache"), ("GET", "/get_loads"),
+        ("POST", "/parse/function_call"), ("POST", "/parse/reasoning"), ("POST", "/wasm"), ("GET", "/wasm"),
+        ("DELETE", "/wasm/x"), ("POST", "/v1/tokenizers"), ("GET", "/v1/tokenizers"), ("GET", "/v1/tokenizers/x"),
+        ("DELETE", "/v1/tokenizers/x"), ("GET", "/v1/tokenizers/x/status")]],
+    *[(m, p, "mesh") for m, p in [
+        ("GET", "/ha/status"), ("GET", "/ha/health"), ("GET", "/ha/workers"), ("GET", "/ha/config/x"),
+        ("POST", "/ha/config"), ("POST", "/ha/rate-limit"), ("POST", "/ha/shutdown")]],
+    *[("GET", p, "open") for p in ["/liveness", "/readiness", "/health", "/engine_metrics", "/v1/models",
+                                   "/get_model_info", "/get_server_info"]],
+    *[(m, p, "absent") for m, p in [("POST", "/invocations"), ("POST", "/add_worker"), ("GET", "/list_workers"),
+                                     ("POST", "/tokenize"), ("POST", "/pooling"), ("GET", "/metrics")]],
+]
+# Open on the gateway: its health and information routes. None runs OCR or changes the pool
+# (/get_*_info reach a server's unknown routes: 404).
+SMG_OPEN = {path for _, path, group in SMG_ROUTES if group == "open"}
+REFUSED = {401, 403, 404, 405}
+
+pytestmark = [pytest.mark.slow, pytest.mark.needs_vllm]
+
+
+@dataclass
+class Node:
+    env: dict[str, str]
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.env["RUN_DIR"])
+
+    def script(self, name: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        argv = SERVER_ARGS if name == "start_optimized.sh" else ()
+        return subprocess.run([str(ROOT / name), *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                              env={**os.environ, **self.env})
+
+    def start(self) -> subprocess.Popen:
+        return subprocess.Popen([str(ROOT / "start_optimized.sh"), *SERVER_ARGS], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, **self.env})
+
+    def service(self, name: str) -> Service | None:
+        return read_pid_file(self.run_dir / f"{name}.pid")
+
+    def kill_server(self) -> None:
+        """SIGKILL the whole vLLM process group: a machine lost, no goodbye."""
+        os.killpg(self.service("vllm").pid, signal.SIGKILL)
+
+
+@dataclass
+class Cluster:
+    head: Node
+    node: Node
+    gateway_url: str
+    head_server_url: str
+    node_url: str
+    metrics_url: str
+
+    @property
+    def gateway(self) -> Gateway:
+        return Gateway(self.gateway_url, ADMIN_KEY, KEY)
+
+    def members(self) -> list[str]:
+        return list(self.gateway.servers())
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("cluster")
+    gateway_port, server_port, node_port, metrics_port = (free_port() for _ in range(4))
+    common = {"MODEL": str(tiny_checkpoint), "PYTHON": PYTHON, "VLLM_API_KEY": KEY, "ROUTER_ADMIN_KEY": ADMIN_KEY,
+              "HOST": "127.0.0.1", "STOP_GRACE": "20", "UI_AUTH": ""}
+    head = Node({**common, "RUN_DIR": str(root / "head"), "ROUTER": "on", "PORT": str(gateway_port),
+                 "SERVER_PORT": str(server_port), "UI_PORT": str(free_port()), "UI_HOST": "127.0.0.1",
+                 "ROUTER_METRICS_PORT": str(metrics_port)})
+    node = Node({**common, "RUN_DIR": str(root / "node"), "PORT": str(node_port),
+                 "JOIN": f"http://127.0.0.1:{gateway_port}"})
+    # Both at once, as two machines would: the node keeps trying until the head's gateway answers.
+    starts = [head.start(), node.start()]
+    outputs = [start.communicate(timeout=900)[0] for start in starts]
+    try:
+        for start, output in zip(starts, outputs):
+            assert start.returncode == 0, output
+        yield Cluster(head, node, f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{server_port}",
+                      f"http://127.0.0.1:{node_port}", f"http://127.0.0.1:{metrics_port}/metrics")
+    finally:
+        for machine in (node, head):
+            machine.script("stop_optimized.sh")
+
+
+def a_pdf(path: Path, pages: int) -> Path:
+    path.write_bytes(image_pdf(pages, jpeg_of(Image.new("RGB", (300, 400), "white")), (150, 200)))
+    return path
+
+
+def batch(cluster: Cluster, pdf: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([PYTHON, str(ROOT / "batch_ocr.py"), str(pdf), "--out", str(out), "--url",
+                             cluster.gateway_url, "--max-tokens", "24", "--max-attempts", "1", "--concurrency", "4",
+                             "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, "VLLM_API_KEY": KEY})
+
+
+def kill_once_serving(cluster: Cluster, served_before: float) -> float:
+    """SIGKILL the joining server once it has answered a few requests of the run; when."""
+    wait_for(lambda: server_requests(cluster.node_url) >= served_before + 3, 300, "the joined server to take work")
+    cluster.node.kill_server()
+    return time.monotonic()
+
+
+def assert_every_page_once(out: Path, pages: int) -> None:
+    manifest = json.loads(next(out.rglob("manifest.json")).read_text())
+    records = manifest["pages"]
+    assert len(records) == pages
+    # Converted, every one ("flagged": the random-weight model ran into --max-tokens, as it does alone).
+    assert {record["status"] for record in records.values()} <= {"ok", "flagged"}
+    # One attempt each: the gateway hid the loss; no page was sent twice by the client.
+    assert {record["attempts"] for record in records.values()} == {1}
+
+
+def restart_node(cluster: Cluster) -> float:
+    """The lost machine comes back through the start script; seconds until it is in the pool again."""
+    start = time.monotonic()
+    started = cluster.node.script("start_optimized.sh")
+    assert started.returncode == 0, started.stdout + started.stderr
+    wait_for(lambda: cluster.node_url in cluster.members(), 30, "the restarted server to rejoin")
+    return time.monotonic() - start
+
+
+def vllm_routes(log: Path) -> list[tuple[str, str]]:
+    """(method, path) of every route the running vLLM app has: what its serve_http logged at start."""
+    routes = set()
+    for path, methods in re.findall(r"Route: (\S+), Methods: ([A-Z, ]+)", log.read_text(errors="replace")):
+        routes.update((method.strip(), re.sub(r"\{[^}]+\}", "x", path)) for method in methods.split(","))
+    return sorted(routes, key=lambda route: (route[1], route[0]))
+
+
+def knock(url: str, method: str, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        return requests.request(method, url, headers=headers, json={}, timeout=30, allow_redirects=False).status_code
+    except requests.RequestException:
+        return 0
+
+
+KEYS = {"none": None, "wrong": "not-the-key", "client": KEY, "admin": ADMIN_KEY}
+
+
+def test_every_door_of_every_port_needs_its_key(cluster: Cluster, tmp_path: Path):
+    """The door table: every route of the running servers (from their own route listing) and of
+    the gateway (its router, SMG_ROUTES), without a key, with a wrong one, with the client key,
+    with the admin key. Only the allow-list answers without the key; only the client key reaches
+    a server; only the admin key reaches the pool."""
+    table, wrong = [], []
+    for port, url, log in (("head server", cluster.head_server_url, cluster.head.run_dir / "vllm.log"),
+                           ("joined server", cluster.node_url, cluster.node.run_dir / "vllm.log")):
+        routes = vllm_routes(log)
+        assert ("POST", "/invocations") in routes and ("POST", "/v1/chat/completions") in routes and len(routes) > 20
+        for method, path in routes:
+            answers = {name: knock(f"{url}{path}", method, key) for name, key in KEYS.items()}
+            table.append((port, method, path, answers))
+            if path in OPEN_PATHS:
+                continue
+            if any(answers[name] != 401 for name in ("none", "wrong", "admin")) or answers["client"] == 401:
+                wrong.append((port, method, path, answers))
+    for method, path, group in SMG_ROUTES:
+        answers = {name: knock(f"{cluster.gateway_url}{path}", method, key) for name, key in KEYS.items()}
+        table.append(("gateway", method, path, answers))
+        if group == "open":
+            continue
+        if group == "absent":
+            expected_ok = all(code in REFUSED for code in answers.values())
+        elif group == "admin":  # the pool: the admin key only
+            expected_ok = all(answers[name] == 401 for name in ("none", "wrong", "client")) and answers["admin"] != 401
+        else:  # data and mesh routes: the client key only (mesh is off: 404 for everyone)
+            expected_ok = (all(answers[name] in REFUSED for name in ("none", "wrong", "admin"))
+                           and (group == "mesh" or answers["client"] not in (401, 403)))
+        if not expected_ok:
+            wrong.append(("gateway", method, path, answers))
+    lines = [f"{port:13} {method:6} {path:42} " + " ".join(f"{name}={code}" for name, code in answers.items())
+             for port, method, path, answers in table]
+    (tmp_path / "doors.txt").write_text("\n".join(lines) + "\n")
+    print("\n[doors] port, route, answer without a key / wrong key / client key / admin key\n" + "\n".join(lines))
+    assert not wrong, wrong
+
+
+def test_only_the_admin_key_changes_the_pool(cluster: Cluster):
+    servers = sorted(cluster.members())
+    assert servers == sorted([cluster.head_server_url, cluster.node_url])
+    outsider = f"http://127.0.0.1:{free_port()}"
+    for key in (None, "not-the-key", KEY):
+        assert knock(f"{cluster.gateway_url}/workers", "GET", key) == 401
+        answer = requests.post(f"{cluster.gateway_url}/workers", json={"url": outsider}, timeout=10,
+                               headers={"Authorization": f"Bearer {key}"} if key else {})
+        assert answer.status_code == 401, answer.text
+        record = cluster.gateway.servers()[cluster.node_url]
+        assert knock(f"{cluster.gateway_url}/workers/{record['id']}", "DELETE", key) == 401
+    assert sorted(cluster.members()) == servers
+    # A chat through the gateway reaches a key-protected server: the gateway sends the key on.
+    model = requests.get(f"{cluster.gateway_url}/v1/models", timeout=10).json()["data"][0]["id"]
+    served = server_requests(cluster.node_url) + server_requests(cluster.head_server_url)
+    for _ in range(2):
+        chat = requests.post(f"{cluster.gateway_url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                             json={"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+                             timeout=120)
+        assert chat.status_code == 200, chat.text
+    assert server_requests(cluster.node_url) + server_requests(cluster.head_server_url) == served + 2
+
+
+def command_lines() -> list[str]:
+    """Every process's command line, as any user of the machine sees it (`ps`)."""
+    lines = []
+    for entry in Path("/proc").iterdir():
+        try:
+            lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, ValueError):
+            continue
+    return lines
+
+
+def test_no_key_is_written_anywhere_nor_on_a_command_line(cluster: Cluster, tmp_path: Path):
+    """Every client with the key (converter, stress test, quality check, the page) and every
+    service of both machines: nothing they wrote, and no command line, holds either key."""
+    env = {**os.environ, "VLLM_API_KEY": KEY}
+    url = cluster.gateway_url
+    common = ["--max-tokens", "8", "--quiet"]
+    runs = {
+        "batch": [PYTHON, str(ROOT / "batch_ocr.py"), str(a_pdf(tmp_path / "doc.pdf", 3)), "--url", url,
+                  "--out", str(tmp_path / "batch"), "--max-attempts", "1", *common],
+        "stress": [PYTHON, str(ROOT / "stress_test.py"), "--url", url, "--concurrency", "2", "--requests", "2",
+                   "--warmup", "0", "--no-stream", "--out", str(tmp_path / "stress"), *common],
+    }
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import make_bench
+
+    make_bench.write_bench(tmp_path / "bench", 2)
+    runs["quality"] = [PYTHON, str(ROOT / "quality_check.py"), str(tmp_path / "bench"), "--url", url, "--out",
+                       str(tmp_path / "quality"), "--max-attempts", "1", *common]
+    outputs = {}
+    for name, command in runs.items():
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+        outputs[name] = done.stdout + done.stderr
+        assert done.returncode in (0, 1), f"{name}: {outputs[name][-2000:]}"  # 1: random text scores badly
+    # The page: the head's page holds the key and sends it; one page through it.
+    from gradio_client import Client, handle_file
+
+    from ocr_bundle.samples import sample_path
+
+    page = Client(f"http://127.0.0.1:{cluster.head.env['UI_PORT']}", verbose=False)
+    stats = page.predict(handle_file(str(sample_path("table_screenshot.png"))), 1, False, 16, 0.2, "PNG",
+                         api_name="/extract")[2]
+    assert "output tokens" in stats
+    written = [path for folder in (tmp_path, cluster.head.run_dir, cluster.node.run_dir)
+               for path in folder.rglob("*") if path.is_file()]
+    assert any(path.name == "run-summary.json" for path in written) and any(path.name == "results.json"
+                                                                           for path in written)
+    for secret in (KEY, ADMIN_KEY):
+        holding = [str(path) for path in written if secret.encode() in path.read_bytes()]
+        assert not holding, f"a key was written to {holding}"
+        assert not [name for name, output in outputs.items() if secret in output]
+        assert not [line for line in command_lines() if secret in line]
+
+
+def test_a_batch_survives_a_server_killed_mid_run_and_the_server_rejoins(cluster: Cluster, tmp_path: Path):
+    pages = 40
+    pdf = a_pdf(tmp_path / "doc.pdf", pages)
+    counted_before = gateway_counters(cluster.metrics_url)
+    served_before = server_requests(cluster.node_url)
+    started = time.monotonic()
+    run = batch(cluster, pdf, tmp_path / "out")
+    killed_at = kill_once_serving(cluster, served_before)
+    output = run.communicate(timeout=600)[0]
+    elapsed = time.monotonic() - started
+    assert run.returncode == 0, output
+    assert_every_page_once(tmp_path / "out", pages)
+    counted = gateway_counters(cluster.metrics_url)
+    retries = counted["retries"] - counted_before["retries"]
+    print(f"\n[failover] batch: {pages}/{pages} pages, exit 0, {elapsed:.1f} s, {retries:.0f} gateway retries, "
+          f"finished {time.monotonic() - killed_at:.1f} s after the kill")
+    assert elapsed < 300 / 2  # well under the gateway's request timeout: nothing waited for it
+    # The dead server's membership keeper takes it out of the pool.
+    wait_for(lambda: cluster.node_url not in cluster.members(), 30, "the killed server to leave the pool")
+
+    rejoin_s = restart_node(cluster)
+    before = server_requests(cluster.node_url)
+    second = batch(cluster, a_pdf(tmp_path / "again.pdf", 8), tmp_path / "again")
+    assert second.communicate(timeout=300)[0] is not None and second.returncode == 0
+    took = server_requests(cluster.node_url) - before
+    print(f"[failover] restarted server back in the pool {rejoin_s:.1f} s after its start script began; "
+          f"it answered {took:.0f} of the next 8 pages")
+    assert took >= 2  # round robin: about half
+
+
+def test_a_stress_run_accounts_for_every_request_when_a_server_dies(cluster: Cluster, tmp_path: Path):
+    requests_sent = 40
+    served_before = server_requests(cluster.node_url)
+    run = subprocess.Popen(
+        [PYTHON, str(ROOT / "stress_test.py"), "--url", cluster.gateway_url, "--concurrency", "4", "--requests",
+         str(requests_sent), "--warmup", "0", "--max-tokens", "24", "--no-stream", "--quiet", "--out",
+         str(tmp_path / "report"), "--router-metrics", cluster.metrics_url],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, "VLLM_API_KEY": KEY})
+    kill_once_serving(cluster, served_before)
+    output = run.communicate(timeout=600)[0]
+    assert run.returncode == 0, output
+    report = json.loads((tmp_path / "report" / "results.json").read_text())
+    level = report["levels"][0]
+    assert level["requests"] == requests_sent and level["ok"] == requests_sent and level["errors"] == 0
+    assert sorted(report["environment"]["servers"]) == sorted([cluster.head_server_url, cluster.node_url])
+    gateway = level["vllm"]["gateway"]
+    # SMG drops a server's series when it leaves the pool: the survivor's count is what remains.
+    assert gateway is not None and gateway["requests_per_server"].get(cluster.head_server_url, 0) > 0
+    # Each server's rows came from the gateway's /engine_metrics; the killed one has samples from before its death.
+    assert set(level["vllm"]["servers"]) == {cluster.head_server_url, cluster.node_url}
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "Behind a gateway" in markdown and "retries" in markdown
+    print(f"\n[failover] stress: {level['ok']}/{requests_sent} ok, {gateway['retries']:.0f} gateway retries, "
+          f"{gateway['breaker_transitions']:.0f} breaker transitions")
+    restart_node(cluster)
+
+
+def test_a_server_stopped_by_its_script_leaves_the_gateway_and_fails_no_request(cluster: Cluster, tmp_path: Path):
+    pages = 24
+    served_before = server_requests(cluster.node_url)
+    run = batch(cluster, a_pdf(tmp_path / "doc.pdf", pages), tmp_path / "out")
+    wait_for(lambda: server_requests(cluster.node_url) >= served_before + 2, 300, "the joined server to take work")
+    stopped = cluster.node.script("stop_optimized.sh")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "left the gateway" in (cluster.node.run_dir / "membership.log").read_text()
+    assert cluster.node_url not in cluster.members()
+    output = run.communicate(timeout=600)[0]
+    assert run.returncode == 0, output
+    assert_every_page_once(tmp_path / "out", pages)
+
+
+def test_a_server_started_and_stopped_by_its_scripts_during_a_batch_fails_no_page(cluster: Cluster, tmp_path: Path):
+    """The node starts, joins, takes pages and is stopped again, all while one batch runs through
+    the gateway: no page fails, none is converted twice. The batch is long enough to outlast a
+    start on 2 busy cores (~70 s); the test says so if it did not."""
+    assert cluster.node.script("stop_optimized.sh").returncode == 0  # stopped already after the previous test
+    pages = 600
+    run = batch(cluster, a_pdf(tmp_path / "doc.pdf", pages), tmp_path / "out")
+    rejoin_s = restart_node(cluster)
+    wait_for(lambda: server_requests(cluster.node_url) >= 2, 120, "the restarted server to take work")
+    stopped = cluster.node.script("stop_optimized.sh")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert run.poll() is None, "the batch ended before the node's stop: nothing was tested"
+    output = run.communicate(timeout=900)[0]
+    assert run.returncode == 0, output
+    assert_every_page_once(tmp_path / "out", pages)
+    print(f"\n[restart] {pages}/{pages} pages while the node started (in the pool {rejoin_s:.1f} s after its "
+          "start script began) and stopped")
+
+
+def test_stopping_the_head_stops_its_gateway_page_and_server_and_nothing_else(cluster: Cluster):
+    services = {name: cluster.head.service(name) for name in ("gateway", "vllm", "membership", "ui")}
+    assert all(service is not None and service.alive() for service in services.values()), services
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        stopped = cluster.head.script("stop_optimized.sh")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert not any(service.alive() for service in services.values())
+        assert not list(cluster.head.run_dir.glob("*.pid"))
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
