@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[start_vllm_server] attention: {attention_choice.reason}", flush=True)
         for note in tuned.notes:
             print(f"[start_vllm_server] {note}", flush=True)
-    print(f"[start_vllm_server] {device} backend: {redact(command, env)}", flush=True)
+    print(f"[start_vllm_server] {device} backend: {redact(command, env, bool(api_key_from_env()))}", flush=True)
     if args.dry_run:
         return 0
     os.execve(command[0], command, {**os.environ, **env})

