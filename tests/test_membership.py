@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -19,50 +18,13 @@ from helpers import ROOT
 from ocr_bundle.loadtest.pollers import counter_delta, fold, gauges_by_server
 from ocr_bundle.serve.gateway import gateway_arguments
 from ocr_bundle.serve.membership import Gateway, GatewayRefused, GatewayUnreachable, advertised_url, keep, preflight
+from stand_in import StandIn
 
 ADMIN, CLIENT = "admin-key-1", "client-key-1"
 
 
 def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
-
-
-class StandIn:
-    """A stand-in for whatever JOIN points at: `answer(method, path, key) -> (status, body, headers)`."""
-
-    def __init__(self, answer: Callable[[str, str, str | None], tuple[int, str, dict]]):
-        self.answer, self.seen = answer, []
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _any(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode() if length else ""
-                key = (self.headers.get("Authorization") or "").removeprefix("Bearer ") or None
-                stand_in.seen.append((self.command, self.path, key, body))
-                status, text, headers = stand_in.answer(self.command, self.path, key)
-                data = text.encode()
-                self.send_response(status)
-                for name, value in {"Content-Length": str(len(data)), **headers}.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_DELETE = _any
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self) -> StandIn:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def smg(pool: list[str] | None = None) -> Callable:

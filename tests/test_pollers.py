@@ -137,7 +137,7 @@ def test_only_the_devices_in_use_are_measured():
     assert missing is None and "no GPU 5" in info.reason
 
 
-def test_parse_prometheus_uses_the_real_parser_and_ignores_other_metrics():
+def test_parse_prometheus_ignores_other_metrics_and_comments():
     text = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} 2.0
@@ -147,3 +147,32 @@ vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 7
 """
     assert parse_prometheus(text) == {"vllm:num_requests_running": 2.0}
     assert parse_prometheus(text, {"vllm:request_success_total": sum}) == {"vllm:request_success_total": 12.0}
+
+
+def test_prometheus_text_labels_escapes_and_what_is_not_prometheus():
+    from ocr_bundle import prometheus
+
+    text = 'm{a="x\\"y",b="1,2"} 3 1700000000\nm_total 4e3\n# comment\nn{} NaN\n'
+    found = list(prometheus.samples(text))
+    assert [(s.name, s.labels, s.value) for s in found[:2]] == [("m", {"a": 'x"y', "b": "1,2"}, 3.0),
+                                                                 ("m_total", {}, 4000.0)]
+    assert found[2].value != found[2].value  # NaN
+    for garbage in ("<html><body>Not Found</body></html>", 'm{a="x} 1', "m one"):
+        with pytest.raises(ValueError, match="not Prometheus text"):
+            list(prometheus.samples(garbage))
+
+
+def test_a_bad_metrics_source_costs_only_its_own_row_and_no_key_is_sent():
+    from ocr_bundle.loadtest.pollers import SERVER_SEPARATOR, ServerMetrics
+    from stand_in import StandIn
+
+    good_text = 'vllm:num_requests_running{engine="0"} 3\nvllm:kv_cache_usage_perc{engine="0"} 0.5\n'
+    with StandIn(lambda method, path, key: (200, good_text, {})) as good, \
+            StandIn(lambda method, path, key: (200, "<html>a proxy's login page</html>", {})) as bad:
+        probe = ServerMetrics(good.url, [good.url, bad.url])
+        values = probe()
+    assert values[f"{good.url}{SERVER_SEPARATOR}vllm:num_requests_running"] == 3.0
+    assert not any(key.startswith(bad.url) for key in values)
+    assert values["vllm:kv_cache_usage_perc"] == 0.5
+    assert all(key is None for _, _, key, _ in good.seen + bad.seen)
+
