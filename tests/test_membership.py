@@ -189,3 +189,16 @@ def test_the_gateway_engine_metrics_split_by_server():
     assert gauges_by_server(text) == {"http://a:1": {"vllm:num_requests_running": 5.0,
                                                      "vllm:kv_cache_usage_perc": 0.25},
                                       "http://b:2": {"vllm:num_requests_running": 7.0}}
+
+
+def test_the_start_script_refuses_a_join_url_that_is_not_a_gateway_before_vllm_starts(tmp_path):
+    """The head's page (or its vLLM port) given as JOIN: exit 2 with the reason, nothing started."""
+    page = lambda method, path, key: (404, "<html>Not Found</html>", {})  # noqa: E731
+    with StandIn(page) as not_a_gateway:
+        env = {**os.environ, "RUN_DIR": str(tmp_path / "run"), "JOIN": not_a_gateway.url, "MODEL": "/nowhere",
+               "VLLM_API_KEY": CLIENT, "ROUTER_ADMIN_KEY": ADMIN, "HOST": "127.0.0.1", "PORT": "9"}
+        done = subprocess.run([str(ROOT / "start_optimized.sh")], capture_output=True, text=True, timeout=60,
+                              cwd=ROOT, env=env)
+    assert done.returncode == 2 and "is not a gateway" in done.stderr, done.stdout + done.stderr
+    assert not list((tmp_path / "run").glob("*"))
+    assert all(key is None for _, _, key, _ in not_a_gateway.seen)  # no key went to it
