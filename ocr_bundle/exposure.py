@@ -74,6 +74,11 @@ def public_address(bind_host: str) -> str:
         return socket.gethostname()
 
 
+def unreachable_from(gateway_host: str, server_host: str) -> bool:
+    """A server on this machine's loopback that a gateway on another machine is meant to reach."""
+    return is_loopback(server_host) and not is_loopback(gateway_host)
+
+
 def url_host(host: str) -> str:
     """`host` as it goes into a URL (IPv6 in brackets)."""
     return f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host
@@ -123,7 +128,7 @@ def joining_problems(host: str, has_key: bool, admin_key: str | None, gateway_ur
     parts = urllib.parse.urlsplit(gateway_url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
         problems.append(f"JOIN must be the gateway's endpoint, like http://10.0.0.1:8000, not '{gateway_url}'")
-    elif is_loopback(host) and not is_loopback(parts.hostname):
+    elif unreachable_from(parts.hostname, host):
         problems.append(f"HOST={host} is this machine's loopback address: the gateway at {parts.hostname} cannot "
                         "reach it. Set HOST=0.0.0.0 (or this machine's address on the gateway's network)")
     if not has_key:

@@ -227,11 +227,15 @@ VLLM_GAUGES = {
 def parse_prometheus(text: str, wanted: dict[str, Callable] = VLLM_GAUGES) -> dict[str, float]:
     """Pick gauges out of Prometheus text (ocr_bundle.prometheus); the series of each gauge (one
     per engine and label set) are folded with its reducer. ValueError for text that is not Prometheus."""
-    values = prometheus.fold(text, wanted)
-    if "vllm:gpu_cache_usage_perc" in values and "vllm:kv_cache_usage_perc" not in values:
-        values["vllm:kv_cache_usage_perc"] = values["vllm:gpu_cache_usage_perc"]
-    values.pop("vllm:gpu_cache_usage_perc", None)
-    return values
+    return current_names(prometheus.fold(text, wanted))
+
+
+def current_names(gauges: dict[str, float]) -> dict[str, float]:
+    """The KV usage under its current name, whichever vLLM reported it."""
+    old = gauges.pop("vllm:gpu_cache_usage_perc", None)
+    if old is not None:
+        gauges.setdefault("vllm:kv_cache_usage_perc", old)
+    return gauges
 
 
 def engine_count(text: str) -> int:
@@ -263,14 +267,8 @@ def gauges_by_server(text: str, label: str = GATEWAY_SERVER_LABEL) -> dict[str, 
     for sample in prometheus.samples(text):
         if sample.name in VLLM_GAUGES and label in sample.labels:
             series.setdefault(sample.labels[label].rstrip("/"), {}).setdefault(sample.name, []).append(sample.value)
-    per_server = {}
-    for server, found in series.items():
-        gauges = {name: VLLM_GAUGES[name](values) for name, values in found.items()}
-        if "vllm:gpu_cache_usage_perc" in gauges and "vllm:kv_cache_usage_perc" not in gauges:
-            gauges["vllm:kv_cache_usage_perc"] = gauges["vllm:gpu_cache_usage_perc"]
-        gauges.pop("vllm:gpu_cache_usage_perc", None)
-        per_server[server] = gauges
-    return per_server
+    return {server: current_names({name: VLLM_GAUGES[name](values) for name, values in found.items()})
+            for server, found in series.items()}
 
 
 class ServerMetrics:

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocr_bundle import prometheus
-from ocr_bundle.exposure import ADMIN_KEY_ENV, KEY_ENV, is_all_interfaces, is_loopback, url_host
+from ocr_bundle.exposure import ADMIN_KEY_ENV, KEY_ENV, is_all_interfaces, unreachable_from, url_host
 from ocr_bundle.serve.processes import read_pid_file
 
 KEEP_INTERVAL_S = 5.0
@@ -197,7 +197,7 @@ def preflight(gateway: Gateway, server_url: str) -> None:
     gateway_parts, server_parts = urllib.parse.urlsplit(gateway.url), urllib.parse.urlsplit(server_url)
     if (gateway_parts.hostname, gateway_parts.port) == (server_parts.hostname, server_parts.port):
         raise GatewayRefused(f"this server would listen at {server_url}, which is the gateway's own address")
-    if is_loopback(server_parts.hostname or "") and not is_loopback(gateway_parts.hostname or ""):
+    if unreachable_from(gateway_parts.hostname or "", server_parts.hostname or ""):
         raise GatewayRefused(f"the gateway at {gateway_parts.hostname} cannot reach {server_url}, a loopback address")
     gateway.identify()
     gateway.servers()  # the admin key is right
