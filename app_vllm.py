@@ -4,8 +4,10 @@
     python app_vllm.py                                   # server at http://127.0.0.1:8000, page on :7860
     VLLM_API_KEY=s3cret python app_vllm.py --server-url http://gpu-box:8000 --auth alice:pw
 
-Precedence: flags > environment (VLLM_URL, VLLM_MODEL, VLLM_API_KEY, UI_HOST, UI_PORT,
-UI_AUTH, UI_MAX_UPLOAD_MB, UI_CONCURRENCY) > defaults. The page only talks HTTP to the
+Precedence: flags > environment (VLLM_URL, VLLM_MODEL, VLLM_API_KEY, VLLM_CA_CERT, UI_HOST,
+UI_PORT, UI_AUTH, UI_MAX_UPLOAD_MB, UI_CONCURRENCY, TLS_CERT, TLS_KEY, TLS_CA) > defaults. With
+TLS_CERT/TLS_KEY the page serves HTTPS (TLS_CA: the CA that signed them); beyond loopback it
+refuses plain HTTP unless ALLOW_PLAINTEXT=1. The page only talks HTTP to the
 vLLM server; it never loads the model. Pages are prepared here, once per click (EXIF
 orientation, RGB, longest edge 1540 px, PNG), so the server receives what the model
 was trained on. Every failure becomes a message on the page, never a stack trace.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 import threading
 import time
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ocr_bundle import exposure
+from ocr_bundle import exposure, tls
 from ocr_bundle.client import OcrClient, OcrError, OcrResult
 from ocr_bundle.images import (
     MAX_PDF_PAGES_AT_ONCE,
@@ -286,6 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--auth", default=env_default("UI_AUTH"),
                         help="require a login, user:password[,user2:password2] (env UI_AUTH). Needed on any "
                              f"address beyond loopback; '{exposure.OPEN_ON_PURPOSE}' serves it open on purpose")
+    parser.add_argument("--tls-cert", default=env_default(tls.CERT_ENV),
+                        help="serve the page over HTTPS with this certificate (env TLS_CERT; with --tls-key and the "
+                             "CA that signed it in TLS_CA)")
+    parser.add_argument("--tls-key", default=env_default(tls.KEY_ENV), help="the certificate's key (env TLS_KEY)")
     parser.add_argument("--max-upload-mb", type=float, default=env_default("UI_MAX_UPLOAD_MB", 50.0, float),
                         help="largest accepted upload in MB (env UI_MAX_UPLOAD_MB; default 50)")
     parser.add_argument("--concurrency", type=int, default=env_default("UI_CONCURRENCY", 16, int),
@@ -298,7 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     api_key = api_key_from_env()
-    decision = exposure.check("single", None, args.host, {**os.environ, exposure.AUTH_ENV: args.auth or ""})
+    env = {**os.environ, exposure.AUTH_ENV: args.auth or "", tls.CERT_ENV: args.tls_cert or "",
+           tls.KEY_ENV: args.tls_key or ""}
+    decision = exposure.check("single", None, args.host, env)
     for problem in decision.problems:
         print(f"error: {problem}", file=sys.stderr)
     if decision.problems:
@@ -306,12 +315,22 @@ def main(argv: list[str] | None = None) -> int:
     for warning in decision.warnings:
         print(warning, file=sys.stderr)
     auth = exposure.parse_auth(args.auth)
-    client = OcrClient(args.url, api_key=api_key, model=args.model, read_timeout=args.timeout)
+    try:
+        trust = tls.client_trust(args.ca_cert)
+    except tls.TlsConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    client = OcrClient(args.url, api_key=api_key, model=args.model, read_timeout=args.timeout, trust=trust)
     max_bytes = int(args.max_upload_mb * 1024 * 1024)
     page = build_ui(client, PageSettings(max_upload_bytes=max_bytes, concurrency=args.concurrency))
     page.queue(default_concurrency_limit=args.concurrency, max_size=256)
+    https = {}
+    if args.tls_cert:
+        # Gradio checks its own URL once at start; it verifies it against the CA (never turned off).
+        https = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key,
+                 "ssl_verify": ssl.create_default_context(cafile=env[tls.CA_ENV])}
     page.launch(server_name=args.host, server_port=args.port, auth=auth, max_file_size=max_bytes,
-                show_error=False, footer_links=[], allowed_paths=[str(Path(__file__).parent / "samples")])
+                show_error=False, footer_links=[], allowed_paths=[str(Path(__file__).parent / "samples")], **https)
     return 0
 
 

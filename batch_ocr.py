@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     if not inputs:
         return fail(f"no PDF or image files in {', '.join(args.inputs)}")
     try:  # before anything is written: a typo in --model must not touch earlier work
-        client, status = connect(args.url, api_key_from_env(), args.model, read_timeout=args.timeout)
+        client, status = connect(args.url, api_key_from_env(), args.model, read_timeout=args.timeout,
+                                 ca_cert=args.ca_cert)
     except ServerUnusable as exc:
         return fail(str(exc))
     if (problem := check_writable(args.out)) is not None:

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     profiles = []
     for name, url in names:  # every server checked before anything is converted
         try:
-            client, status = connect(url, api_key_from_env(), args.model)
+            client, status = connect(url, api_key_from_env(), args.model, ca_cert=args.ca_cert)
         except ServerUnusable as exc:
             return fail(str(exc))
         server = server_profile(client, status)

@@ -5,7 +5,7 @@
 #   MODEL=/models/LightOnOCR-2-1B HOST=0.0.0.0 VLLM_API_KEY=s3cret UI_AUTH=me:pw ./start_optimized.sh
 #   ./start_optimized.sh --max-num-seqs 64    # extra arguments go to start_vllm_server.py
 #   ROUTER=on HOST=0.0.0.0 VLLM_API_KEY=... ROUTER_ADMIN_KEY=... UI_AUTH=me:pw ./start_optimized.sh  # head
-#   JOIN=http://10.0.0.1:8000 HOST=0.0.0.0 VLLM_API_KEY=... ROUTER_ADMIN_KEY=... ./start_optimized.sh  # a node
+#   JOIN=https://10.0.0.1:8000 HOST=0.0.0.0 VLLM_API_KEY=... ROUTER_ADMIN_KEY=... TLS_CERT=... ./start_optimized.sh  # a node
 #
 # Configuration (environment; flags for the launcher go after the script name):
 #   MODEL          hub id or checkpoint folder (default: the hub model on a GPU box; without a GPU,
@@ -16,6 +16,11 @@
 #                  page sends (default: none). Read from the environment only; the banner masks it
 #   UI_AUTH        page login, user:password[,user2:password2] (default: none). Beyond loopback the
 #                  page needs one (or UI_AUTH=none, open on purpose), and the API a key (or ALLOW_OPEN_API=1)
+#   TLS_CERT, TLS_KEY, TLS_CA  this machine's certificate, its key and the cluster's CA (python3
+#                  scripts/make_certs.py makes them): the API, the page and the gateway serve HTTPS, every
+#                  check of this script verifies against TLS_CA, and a server behind a gateway accepts only
+#                  clients with a certificate signed by TLS_CA (the gateway). Beyond loopback plain HTTP
+#                  is refused unless ALLOW_PLAINTEXT=1 (a private network, on purpose)
 #   UI             off: start vLLM only, no page (an API-only server; default on)
 #   PYTHON         interpreter with vLLM (default: python3 if it has vLLM; without a GPU the CPU
 #                  environment from scripts/setup_cpu_env.sh, built on first use)
@@ -30,7 +35,7 @@
 #                  only: the gateway (and page) with no server here
 #   ROUTER_ADMIN_KEY  the gateway's admin key: only it adds or removes servers. Needed on the head and on
 #                  every machine that joins; clients never hold it. Must differ from VLLM_API_KEY
-#   JOIN           the head's endpoint, e.g. http://10.0.0.1:8000: this machine's server (HOST:PORT, no
+#   JOIN           the head's endpoint, e.g. https://10.0.0.1:8000: this machine's server (HOST:PORT, no
 #                  page) joins the head's gateway once it has read its warm-up page, stays joined (also
 #                  across a restart of the head) and leaves it on ./stop_optimized.sh. Checked before
 #                  vLLM starts: a gateway, both keys accepted, an address it can reach
@@ -59,6 +64,12 @@ export DATA_PARALLEL_SIZE="${DATA_PARALLEL_SIZE:-auto}"
 ROUTER="${ROUTER:-off}"
 JOIN="${JOIN:-}"
 UI="${UI:-on}"
+# Paths made absolute: the services keep them whatever their working folder.
+for variable in TLS_CERT TLS_KEY TLS_CA; do
+  [[ -n "${!variable:-}" ]] && declare "$variable=$(realpath -m -- "${!variable}")"
+done
+export TLS_CERT="${TLS_CERT:-}" TLS_KEY="${TLS_KEY:-}" TLS_CA="${TLS_CA:-}"
+scheme=http; [[ -n "$TLS_CERT" ]] && scheme=https
 
 say() { echo "[start] $*"; }
 die() { echo "[start] ERROR: $*" >&2; exit 1; }
@@ -68,7 +79,7 @@ refuse() { echo "[start] ERROR: $*" >&2; exit 2; }  # a setting that cannot work
 if [[ -n "${NODE_RANK:-}${HEAD_ADDRESS:-}" || "${NODES:-1}" != 1 ]]; then
   refuse "NODES/NODE_RANK/HEAD_ADDRESS (headless data-parallel nodes) are gone: each machine now runs its own server \
 behind the head's gateway. Head: ROUTER=on ./start_optimized.sh; every other machine: \
-JOIN=http://HEAD_ADDRESS:PORT HOST=0.0.0.0 VLLM_API_KEY=... ROUTER_ADMIN_KEY=... ./start_optimized.sh (README, Scale)"
+JOIN=https://HEAD_ADDRESS:PORT HOST=0.0.0.0 VLLM_API_KEY=... ROUTER_ADMIN_KEY=... TLS_CERT=... ./start_optimized.sh (README, Scale)"
 fi
 [[ "$ROUTER" =~ ^(on|only|off)$ ]] || refuse "ROUTER must be on, only or off, not '$ROUTER'"
 role=single
@@ -91,10 +102,19 @@ for service in vllm ui gateway membership; do
   fi
 done
 
-# ---- exposure: beyond loopback, the API needs a key and the page a login (or an explicit opt-out); the
-# gateway's pool needs its own admin key. Keys and login are read from the environment, never argv.
+membership() { PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.membership "$@"; }
+
+# ---- exposure: beyond loopback, the API needs a key and the page a login (or an explicit opt-out), and
+# both HTTPS (or ALLOW_PLAINTEXT=1); the gateway's pool needs its own admin key. Keys and login are read
+# from the environment, never argv. The certificate must name every address this script and the gateway use.
 exposure_args=(--role "$role" --api-host "$HOST")
-[[ $role == join ]] && exposure_args+=(--join "$JOIN")
+if [[ $role == join ]]; then
+  exposure_args+=(--join "$JOIN")
+  # The address the gateway will reach this server at (its certificate must name it).
+  if server_url=$(membership advertise --bind "$HOST" --port "$PORT" --gateway "${JOIN%/}" 2>/dev/null); then
+    exposure_args+=(--tls-name "$(PYTHONPATH="$ROOT" python3 -c 'import sys, urllib.parse as u; print(u.urlsplit(sys.argv[1]).hostname)' "$server_url")")
+  fi
+fi
 [[ $UI != off ]] && exposure_args+=(--page-host "$UI_HOST")
 PYTHONPATH="$ROOT" python3 -m ocr_bundle.exposure "${exposure_args[@]}" || exit 2
 if [[ $role == join ]]; then
@@ -190,14 +210,13 @@ launch() {  # launch NAME COMMAND...: own process group, log, PID file with star
   processes record "$(pid_file "$name")" $! || die "$name exited at once"
 }
 
-membership() { PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.membership "$@"; }
 # The launcher, the gateway, the membership keeper and the page read the keys from the environment;
 # only the gateway and the keeper get the admin key.
 export VLLM_API_KEY
 ADMIN_KEY="${ROUTER_ADMIN_KEY:-}"
 unset ROUTER_ADMIN_KEY
 with_admin_key() { ROUTER_ADMIN_KEY="$ADMIN_KEY" "$@"; }
-api_local="http://$(local_address "$HOST"):$PORT"   # what the page and the readiness checks use
+api_local="$scheme://$(local_address "$HOST"):$PORT"   # what the page and the readiness checks use
 if [[ $role == head ]]; then
   say "starting the gateway (SMG) on $HOST:$PORT; log: $RUN_DIR/gateway.log"
   launch gateway env ROUTER_ADMIN_KEY="$ADMIN_KEY" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" \
@@ -206,9 +225,10 @@ if [[ $role == head ]]; then
   say "gateway is ready (PID $(service_pid gateway)); servers join it as they become ready"
 fi
 if [[ $has_server == true ]]; then
-  server_local="http://$(local_address "$SERVER_HOST"):$SERVER_PORT"
+  server_local="$scheme://$(local_address "$SERVER_HOST"):$SERVER_PORT"
   say "starting vLLM ($MODEL) on $SERVER_HOST:$SERVER_PORT; log: $RUN_DIR/vllm.log"
-  launch vllm "$PYTHON" "$ROOT/start_vllm_server.py" --model "$MODEL" --host "$SERVER_HOST" --port "$SERVER_PORT" "$@"
+  launch vllm "$PYTHON" "$ROOT/start_vllm_server.py" --model "$MODEL" --host "$SERVER_HOST" --port "$SERVER_PORT" \
+    $([[ $role == head ]] && echo --behind-gateway) "$@"
   wait_ready vllm "$server_local/health" "$STARTUP_TIMEOUT"
   # /health answers before the engines have read a page; a first page pays one-time costs (on a
   # GPU, compiling the vision encoder: 15-45 s). Pay them now, one page per engine, before any
@@ -247,44 +267,50 @@ fi
 page_line="off (UI=off)"
 if [[ $UI != off ]]; then
   say "starting the page on $UI_HOST:$UI_PORT; log: $RUN_DIR/ui.log"
-  launch ui env VLLM_URL="$api_local" UI_HOST="$UI_HOST" UI_PORT="$UI_PORT" \
+  launch ui env VLLM_URL="$api_local" VLLM_CA_CERT="$TLS_CA" UI_HOST="$UI_HOST" UI_PORT="$UI_PORT" \
     UI_AUTH="$UI_AUTH" "$PYTHON" "$ROOT/app_vllm.py"
   # Gradio serves /config once the app is up (also behind a login: then it answers 401, still "up").
-  wait_ready ui "http://$(local_address "$UI_HOST"):$UI_PORT/config" "$UI_TIMEOUT" 200,401
+  wait_ready ui "$scheme://$(local_address "$UI_HOST"):$UI_PORT/config" "$UI_TIMEOUT" 200,401
   say "page is ready (PID $(service_pid ui))"
-  page_line="http://$(public_address "$UI_HOST"):$UI_PORT"
+  page_line="$scheme://$(public_address "$UI_HOST"):$UI_PORT"
 fi
 
-api="http://$(public_address "$HOST"):$PORT"
+api="$scheme://$(public_address "$HOST"):$PORT"
 # The name requests must use: the hub id on a GPU box, the folder name for a local checkpoint.
 served_model=$(python3 - "$api_local/v1/models" <<'PY' 2>/dev/null || echo "MODEL-NAME"
-import json, os, sys, urllib.request
+import json, os, ssl, sys, urllib.request
 key = os.environ.get("VLLM_API_KEY")
 request = urllib.request.Request(sys.argv[1], headers={"Authorization": f"Bearer {key}"} if key else {})
-print(json.load(urllib.request.urlopen(request, timeout=10))["data"][0]["id"])
+context = ssl.create_default_context(cafile=os.environ["TLS_CA"]) if os.environ.get("TLS_CA") else None
+print(json.load(urllib.request.urlopen(request, timeout=10, context=context))["data"][0]["id"])
 PY
 )
 key_header=""; [[ -n "$VLLM_API_KEY" ]] && key_header=' -H "Authorization: Bearer $VLLM_API_KEY"'
+ca_flag="" curl_ca="" join_tls=""
+if [[ -n "$TLS_CERT" ]]; then
+  ca_flag=" --ca-cert $TLS_CA" curl_ca=" --cacert $TLS_CA"
+  join_tls=" TLS_CERT=<its cert.pem> TLS_KEY=<its key.pem> TLS_CA=<ca.pem>"
+fi
 logs="$RUN_DIR/vllm.log, $RUN_DIR/ui.log"
 head_lines=""
 if [[ $role == head ]]; then
-  logs="$RUN_DIR/gateway.log, $([[ $has_server == true ]] && echo "$RUN_DIR/vllm.log, $RUN_DIR/membership.log, ")$RUN_DIR/ui.log"
+  logs="$RUN_DIR/gateway.log, $([[ $has_server == false ]] || echo "$RUN_DIR/vllm.log, $RUN_DIR/membership.log, ")$RUN_DIR/ui.log"
   head_lines="
   Gateway:   the endpoint above is SMG (it checks the key); servers now: $(with_admin_key membership members --gateway "$api_local" 2>/dev/null || echo '?')
-  Join:      on another machine: JOIN=$api HOST=0.0.0.0 VLLM_API_KEY=<this key> ROUTER_ADMIN_KEY=<the admin key> ./start_optimized.sh"
+  Join:      on another machine: JOIN=$api HOST=0.0.0.0 VLLM_API_KEY=<this key> ROUTER_ADMIN_KEY=<the admin key>$join_tls ./start_optimized.sh"
 fi
 cat <<MSG
 
   Page:      $page_line
-  vLLM API:  $api/v1   (model "$served_model"; try: curl$key_header $api/v1/models)$head_lines
+  vLLM API:  $api/v1   (model "$served_model"; try: curl$curl_ca$key_header $api/v1/models)$head_lines
   Logs:      $logs
   Stop:      ./stop_optimized.sh
 
   Clients, with the Python that has what they need$([[ -n "$VLLM_API_KEY" ]] && echo ' (export VLLM_API_KEY first)'):
-    $PYTHON $ROOT/stress_test.py --url $api$([[ $has_gpu == true ]] || echo ' --max-tokens 64')
-    $PYTHON $ROOT/batch_ocr.py scans/ --url $api$([[ $has_gpu == true ]] || echo ' --max-tokens 64 --max-attempts 1')
+    $PYTHON $ROOT/stress_test.py --url $api$ca_flag$([[ $has_gpu == true ]] || echo ' --max-tokens 64')
+    $PYTHON $ROOT/batch_ocr.py scans/ --url $api$ca_flag$([[ $has_gpu == true ]] || echo ' --max-tokens 64 --max-attempts 1')
 
   Read a page through the API (paste into a shell):
     IMG=\$(base64 -w0 '$ROOT/samples/table_screenshot.png')
-    curl -s $api/v1/chat/completions -H 'Content-Type: application/json'$key_header -d '{"model": "$served_model", "max_tokens": 1024, "temperature": 0.2, "top_p": 0.9, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,'"\$IMG"'"}}]}]}'
+    curl -s$curl_ca $api/v1/chat/completions -H 'Content-Type: application/json'$key_header -d '{"model": "$served_model", "max_tokens": 1024, "temperature": 0.2, "top_p": 0.9, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,'"\$IMG"'"}}]}]}'
 MSG

@@ -10,7 +10,8 @@ Precedence for every setting: command-line flag > environment variable > default
 Environment variables: MODEL, SERVED_MODEL_NAME, HOST, PORT, VLLM_API_KEY,
 GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS,
 MAX_PAGES_IN_FLIGHT, KV_CACHE_DTYPE, ATTENTION_BACKEND, COMPILE_ENCODER, VLLM_DEVICE (auto|cuda|cpu),
-VLLM_CPU_KVCACHE_SPACE.
+VLLM_CPU_KVCACHE_SPACE, TLS_CERT, TLS_KEY, TLS_CA (HTTPS; behind a gateway, a client certificate
+signed by TLS_CA is required), ALLOW_PLAINTEXT.
 On GPUs it passes VLLM_USE_FLASHINFER_SAMPLER=0 to vLLM unless that is set already (why:
 in build_command).
 
@@ -26,7 +27,7 @@ import os
 import sys
 from pathlib import Path
 
-from ocr_bundle import exposure
+from ocr_bundle import exposure, tls
 from ocr_bundle.serve import attention, tuning
 from ocr_bundle.serve.launch import (
     LaunchError,
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     own, passthrough = split_passthrough(sys.argv[1:] if argv is None else argv)
     args = build_parser(__doc__).parse_args(own)
     try:
-        env = {**os.environ, exposure.OPEN_API_ENV: "1" if args.allow_open_api else ""}
+        env = {**os.environ, exposure.OPEN_API_ENV: "1" if args.allow_open_api else "",
+               tls.PLAINTEXT_ENV: "1" if args.allow_plaintext else "", tls.CERT_ENV: args.tls_cert or "",
+               tls.KEY_ENV: args.tls_key or "", tls.CA_ENV: args.tls_ca or ""}
         decision = exposure.check("join" if args.join else "single", args.host, None, env, args.join,
                                   admin_key_needed=False)
         problem = (decision.problems or [None])[0] or passthrough_problem(passthrough)

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 from ocr_bundle.client import ServerUnusable, connect
@@ -180,7 +181,8 @@ def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, a
         bar.update(1)
 
     servers: ServerMetrics = metrics_poller.probe
-    gateway_before = gateway_counters(args.router_metrics) if servers.behind_gateway else None
+    read_gateway = partial(gateway_counters, args.router_metrics, tls_options=replayer.client.tls_options)
+    gateway_before = read_gateway() if servers.behind_gateway else None
     start = time.monotonic()
     try:
         run = replayer.run(workloads, concurrency, count, stop, args.grace, on_result)
@@ -207,7 +209,7 @@ def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, a
     if servers.per_server:
         metrics.vllm["servers"] = per_server_stats(metrics_poller, servers.seen_servers, start, end)
     if servers.behind_gateway:
-        metrics.vllm["gateway"] = counter_delta(gateway_before, gateway_counters(args.router_metrics))
+        metrics.vllm["gateway"] = counter_delta(gateway_before, read_gateway())
     level = metrics.to_dict()
     level["window"] = {"start": start, "end": end}
     level["requests_planned"] = count
@@ -223,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     try:
-        client, status = connect(args.url, api_key_from_env(), args.model, read_timeout=args.timeout)
+        client, status = connect(args.url, api_key_from_env(), args.model, read_timeout=args.timeout,
+                                 ca_cert=args.ca_cert)
     except ServerUnusable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -267,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu_poller = running.enter_context(PeriodicPoller(
             gpu_probe, args.sample_interval if gpu_info.backend == "nvml" else max(args.sample_interval, 1.0),
             "gpu")) if gpu_probe else None
-        servers = ServerMetrics(client.base_url, args.server_metrics)  # no key: metrics routes are open
+        servers = ServerMetrics(client.base_url, args.server_metrics, tls_options=client.tls_options)  # no key: metrics routes are open
         if servers.behind_gateway:
             print(f"behind a gateway: servers' metrics from {client.base_url}/engine_metrics, its counters from "
                   f"{args.router_metrics}")

@@ -8,6 +8,12 @@
 #   bash benchmarks/gateway_bench.sh failover [S]     # 600-page batch through the gateway with the head's own server
 #                                                     # SIGKILLed S s in (default 25)
 #   bash benchmarks/gateway_bench.sh stop             # stop_optimized.sh on both
+#   bash benchmarks/gateway_bench.sh tls-heads [MEM]  # two heads on one GPU, MEM each, started one after the other:
+#                                                     # plain (gateway :8000, server :8001) and TLS (gateway :8100,
+#                                                     # server :8101 requiring the gateway's client certificate),
+#                                                     # certificates from scripts/make_certs.py
+#   bash benchmarks/gateway_bench.sh tls-overhead     # stress c=256 through each gateway: plain, TLS, plain, TLS
+#   bash benchmarks/gateway_bench.sh tls-stop         # stop_optimized.sh on both heads
 # The keys are set here for every part (never on a command line: exported).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,18 +24,26 @@ export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHON=python3 UI=off
 export MODEL=${MODEL_DIR:-/root/models/lightonocr-full} STARTUP_TIMEOUT=600
 HEAD=(env RUN_DIR="$STATE/run-head" ROUTER=on PORT=8000 SERVER_PORT=8001)
 NODE=(env RUN_DIR="$STATE/run-node" JOIN=http://127.0.0.1:8000 PORT=8002)
+CERTS=$STATE/certs/bench
+TLS_HEAD=(env RUN_DIR="$STATE/run-tls" ROUTER=on PORT=8100 SERVER_PORT=8101 ROUTER_METRICS_PORT=29100
+          TLS_CERT="$CERTS/cert.pem" TLS_KEY="$CERTS/key.pem" TLS_CA="$CERTS/ca.pem")
 mkdir -p "$OUT" "$STATE/reports"
 cd "$ROOT"
 
-stress() {  # stress NAME URL: the A4 page, 1,000 tokens forced, saturation, with the gateway's CPU
-  local name=$1 url=$2
-  python3 benchmarks/server_cpu.py snapshot "$STATE/run-head/gateway.pid" "$STATE/$name-gateway-before.json"
+stress() {  # stress NAME URL [RUN_DIR [stress args]]: the A4 page, 1,000 tokens forced, saturation, with the CPU
+  # of that head's gateway and of its server (which also does the TLS of its side)
+  local name=$1 url=$2 run=${3:-$STATE/run-head} service; shift $(( $# < 3 ? $# : 3 ))
+  for service in gateway vllm; do
+    python3 benchmarks/server_cpu.py snapshot "$run/$service.pid" "$STATE/$name-$service-before.json"
+  done
   python3 stress_test.py --url "$url" --images samples/english_a4_document.png --ignore-eos --max-tokens 1000 \
     --no-stream --concurrency 256 --requests 384 --warmup 16 --quiet --out "$STATE/reports/$name" --label "$name" \
-    | grep -E "^concurrency|behind a gateway" || true
-  python3 benchmarks/server_cpu.py snapshot "$STATE/run-head/gateway.pid" "$STATE/$name-gateway-after.json"
-  python3 benchmarks/server_cpu.py diff "$STATE/$name-gateway-before.json" "$STATE/$name-gateway-after.json" \
-    --pages 384 >"$STATE/reports/$name/gateway-cpu.json" || true
+    "$@" | grep -E "^concurrency|behind a gateway" || true
+  for service in gateway vllm; do
+    python3 benchmarks/server_cpu.py snapshot "$run/$service.pid" "$STATE/$name-$service-after.json"
+    python3 benchmarks/server_cpu.py diff "$STATE/$name-$service-before.json" "$STATE/$name-$service-after.json" \
+      --pages 384 >"$STATE/reports/$name/$service-cpu.json" || true
+  done
   cp -r "$STATE/reports/$name" "$OUT/"
 }
 
@@ -102,6 +116,34 @@ case "${1:?phase}" in
     PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.membership members --gateway http://127.0.0.1:8000 ;;
   stop)
     "${NODE[@]}" ./stop_optimized.sh || true
+    "${HEAD[@]}" ./stop_optimized.sh || true ;;
+  tls-heads)
+    [[ -f $CERTS/cert.pem ]] || python3 scripts/make_certs.py --out "$STATE/certs" bench=127.0.0.1 >"$OUT/make-certs.txt"
+    GPU_MEMORY_UTILIZATION=${2:-0.42} "${HEAD[@]}" ./start_optimized.sh 2>&1 | tee "$OUT/plain-head-start.txt" \
+      | grep -E "ready|ERROR|Gateway:"
+    GPU_MEMORY_UTILIZATION=${2:-0.42} "${TLS_HEAD[@]}" ./start_optimized.sh 2>&1 | tee "$OUT/tls-head-start.txt" \
+      | grep -E "ready|ERROR|Gateway:" ;;
+  tls-overhead)
+    tls=("$STATE/run-tls" --ca-cert "$CERTS/ca.pem" --router-metrics http://127.0.0.1:29100/metrics)
+    stress gateway-plain-a http://127.0.0.1:8000
+    stress gateway-tls-a https://127.0.0.1:8100 "${tls[@]}"
+    stress gateway-plain-b http://127.0.0.1:8000
+    stress gateway-tls-b https://127.0.0.1:8100 "${tls[@]}"
+    python3 - "$STATE/reports" <<'PY' | tee "$OUT/tls-overhead.txt"
+import json, sys
+for name in ("gateway-plain-a", "gateway-tls-a", "gateway-plain-b", "gateway-tls-b"):
+    level = json.load(open(f"{sys.argv[1]}/{name}/results.json"))["levels"][0]
+    print(f"{name:16} {level['ok']}/{level['requests']} ok  {level['pages_per_s']:.2f} pages/s  p50 "
+          f"{level['latency_p50_s']:.1f} s")
+    for service in ("gateway", "vllm"):
+        try:
+            print(f"    {service} CPU: {open(f'{sys.argv[1]}/{name}/{service}-cpu.json').read().strip()[:400]}")
+        except OSError:
+            pass
+PY
+    ;;
+  tls-stop)
+    "${TLS_HEAD[@]}" ./stop_optimized.sh || true
     "${HEAD[@]}" ./stop_optimized.sh || true ;;
   *) echo "unknown phase $1" >&2; exit 2 ;;
 esac

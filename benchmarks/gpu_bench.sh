@@ -51,7 +51,7 @@ mkdir -p "$STATE" "$OUT"
 cd "$ROOT"
 
 # Process control and readiness: the bundle's one implementation (ocr_bundle/serve/processes.py).
-processes() { python3 "$ROOT/ocr_bundle/serve/processes.py" "$@"; }
+processes() { PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.processes "$@"; }
 stop_server() { processes stop "$SERVER_PID_FILE" --name vllm --grace 30; }
 # stress_run NAME ARGS...: stress_test.py on the A4 sample, 1,000 tokens forced, with the server's CPU by role.
 stress_run() {

@@ -5,8 +5,10 @@ The entry scripts beside this folder only parse arguments and print; the logic i
 Core, used everywhere (the first group is standard library only: the shell scripts and the
 launcher import it with any python3, before vLLM's Python is known):
 - settings:   the one registry: model id, token budgets, URLs, timeouts, env precedence
-- exposure:   beyond loopback, the API needs a key and the page a login; the gateway's pool an
-              admin key; the one decision, and the address helpers (loopback, all interfaces)
+- exposure:   beyond loopback, the API needs a key and the page a login, both HTTPS; the gateway's
+              pool an admin key; the one decision, and the address helpers (loopback, all interfaces)
+- tls:        certificates and trust: which CA a client verifies with, the checks of a machine's
+              certificate before it serves, and messages that say what did not match
 - files:      atomic (and durable) writes: never half a file
 - inputs:     files, folders and globs → input files; page ranges; output folder names
 - interrupts: Ctrl-C for long runs (the first stops gracefully, the second at once)

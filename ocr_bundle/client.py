@@ -1,8 +1,9 @@
 """HTTP client for vLLM's OpenAI-compatible server, shared by the page and the stress test.
 
 Configuration precedence everywhere in the bundle: command-line flags > environment
-(VLLM_URL, VLLM_API_KEY, VLLM_MODEL) > defaults (ocr_bundle.settings). Creating a client contacts nothing;
-`status()` is a short probe that never raises.
+(VLLM_URL, VLLM_API_KEY, VLLM_MODEL, VLLM_CA_CERT) > defaults (ocr_bundle.settings). Creating a
+client contacts nothing; `status()` is a short probe that never raises. Over HTTPS the client
+verifies the server against its `Trust` (ocr_bundle.tls: --ca-cert, VLLM_CA_CERT, ...), never less.
 
 Errors never escape as stack traces: every failure becomes an `OcrError` whose message a
 person can act on (server down, timeout, bad image, request longer than max_model_len…).
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 
 import requests
 from urllib3.exceptions import ReadTimeoutError
+
+from . import tls
 
 from .settings import (
     CONNECT_TIMEOUT_S,
@@ -176,8 +179,11 @@ class OcrClient:
         model: str | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_S,
         read_timeout: float = READ_TIMEOUT_S,
+        trust: tls.Trust | None = None,
     ):
         self.base_url = base_url_from_env(base_url)
+        self.trust = trust or tls.Trust()
+        self.tls_options = self.trust.requests_options()  # verify=, cert= on every request
         self.api_key = api_key or api_key_from_env()
         self._model = model or os.environ.get(ENV_MODEL) or None
         self.connect_timeout = connect_timeout
@@ -196,7 +202,7 @@ class OcrClient:
         return session
 
     def _get(self, path: str, timeout: float) -> requests.Response:
-        return requests.get(f"{self.base_url}{path}", headers=self.headers(), timeout=timeout)
+        return requests.get(f"{self.base_url}{path}", headers=self.headers(), timeout=timeout, **self.tls_options)
 
     # -------------------------------------------------------------- probes
     def status(self, timeout: float = STATUS_TIMEOUT_S) -> ServerStatus:
@@ -204,7 +210,7 @@ class OcrClient:
         try:
             response = self._get("/v1/models", timeout)
         except requests.RequestException as exc:
-            return ServerStatus(reachable=False, error=_transport_message(exc, self.base_url))
+            return ServerStatus(reachable=False, error=self._transport_message(exc))
         if response.status_code != 200:
             return ServerStatus(
                 reachable=False,
@@ -268,9 +274,9 @@ class OcrClient:
         start = time.perf_counter()
         try:
             response = poster(f"{self.base_url}/v1/chat/completions", data=body, headers=self.headers(),
-                              stream=True, timeout=(self.connect_timeout, self.read_timeout))
+                              stream=True, timeout=(self.connect_timeout, self.read_timeout), **self.tls_options)
         except requests.RequestException as exc:
-            raise OcrError(_transport_message(exc, self.base_url), _transport_kind(exc)) from exc
+            raise OcrError(self._transport_message(exc), _transport_kind(exc)) from exc
         with response:
             if response.status_code != 200:
                 raise http_error(response)
@@ -282,9 +288,9 @@ class OcrClient:
         start = time.perf_counter()
         try:
             response = poster(f"{self.base_url}/v1/chat/completions", data=body, headers=self.headers(),
-                              timeout=(self.connect_timeout, self.read_timeout))
+                              timeout=(self.connect_timeout, self.read_timeout), **self.tls_options)
         except requests.RequestException as exc:
-            raise OcrError(_transport_message(exc, self.base_url), _transport_kind(exc)) from exc
+            raise OcrError(self._transport_message(exc), _transport_kind(exc)) from exc
         if response.status_code != 200:
             raise http_error(response)
         try:
@@ -333,7 +339,7 @@ class OcrClient:
                         yield delta
                     finish_reason = choice.get("finish_reason") or finish_reason
         except requests.RequestException as exc:
-            raise OcrError(_transport_message(exc, self.base_url, mid_stream=True), _transport_kind(exc)) from exc
+            raise OcrError(self._transport_message(exc, mid_stream=True), _transport_kind(exc)) from exc
         except ValueError as exc:
             raise OcrError(f"The server sent a malformed stream event ({exc}).", "bad_response") from exc
         result = OcrResult(
@@ -357,6 +363,9 @@ class OcrClient:
             result.warnings.append(f"Output stopped at max tokens ({max_tokens}); the page may have more text.")
         yield result
 
+    def _transport_message(self, exc: requests.RequestException, mid_stream: bool = False) -> str:
+        return tls.explain(exc, self.base_url, self.trust) or _transport_message(exc, self.base_url, mid_stream)
+
     def ocr(self, image_url: str, **kwargs) -> OcrResult:
         """Run one page to completion (streaming under the hood, for TTFT)."""
         final = None
@@ -368,12 +377,17 @@ class OcrClient:
 
 
 def connect(url: str | None, api_key: str | None, model: str | None,
-            read_timeout: float = READ_TIMEOUT_S) -> tuple[OcrClient, ServerStatus]:
+            read_timeout: float = READ_TIMEOUT_S, ca_cert: str | None = None) -> tuple[OcrClient, ServerStatus]:
     """A client for the model the run asks for, after one probe of the server: the model
     given (which the server must list; a typo would otherwise fail every page with a 404)
-    or the first one it serves. Raises ServerUnusable with a message for people.
-    Shared by the batch converter and the stress test."""
-    client = OcrClient(url, api_key=api_key, model=model, read_timeout=read_timeout)
+    or the first one it serves. `ca_cert`: --ca-cert (tls.client_trust says what else is
+    trusted). Raises ServerUnusable with a message for people.
+    Shared by the batch converter, the stress test and the quality check."""
+    try:
+        trust = tls.client_trust(ca_cert)
+    except tls.TlsConfigError as exc:
+        raise ServerUnusable(str(exc)) from None
+    client = OcrClient(url, api_key=api_key, model=model, read_timeout=read_timeout, trust=trust)
     status = client.status()
     if not status.reachable:
         raise ServerUnusable(f"cannot use the vLLM server at {client.base_url}: {status.error}")
@@ -384,7 +398,7 @@ def connect(url: str | None, api_key: str | None, model: str | None,
                              + ", ".join(repr(m) for m in status.models)
                              + f" (pass one to --model or {ENV_MODEL}, or leave it out for the first)")
     chosen = model or status.models[0]
-    return OcrClient(url, api_key=api_key, model=chosen, read_timeout=read_timeout), status
+    return OcrClient(url, api_key=api_key, model=chosen, read_timeout=read_timeout, trust=trust), status
 
 
 def _is_timeout(exc: requests.RequestException) -> bool:
@@ -405,5 +419,12 @@ def _transport_message(exc: requests.RequestException, base_url: str, mid_stream
     if isinstance(exc, requests.ConnectionError):
         if mid_stream:
             return f"The connection to the vLLM server at {base_url} broke during the answer (server stopped?)."
+        if "Connection aborted" in str(exc) and base_url.startswith("http://"):
+            return (f"The server at {base_url} closed the connection on a plain-HTTP request: if it serves HTTPS "
+                    f"(TLS_CERT), use https:// and the cluster's CA (--ca-cert or {tls.CLIENT_CA_ENV}).")
+        if "Connection aborted" in str(exc):  # TLS 1.3: a refused client certificate shows after the handshake
+            return (f"The server at {base_url} closed the connection before answering: a server behind a gateway "
+                    "requires the gateway's client certificate and accepts nobody else. Send requests to the "
+                    "gateway's URL.")
         return f"Cannot reach the vLLM server at {base_url} (is it running? start it with ./start_optimized.sh)."
     return f"Request to {base_url} failed: {exc}"

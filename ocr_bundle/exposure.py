@@ -14,6 +14,13 @@ a joining server needs both keys (the client key, which the gateway sends it, an
 key, to join), and an address the gateway can reach (not loopback when the gateway is
 elsewhere).
 
+What crosses the network is encrypted: beyond loopback, the API, the page and the gateway are
+refused in plain HTTP (every key, login and page would cross the network in clear, and a key
+read on the path opens every door), unless TLS_CERT/TLS_KEY/TLS_CA serve them over HTTPS or
+ALLOW_PLAINTEXT=1 says the network is private on purpose. The certificate is checked here too,
+with no network (tls.certificate_problems): key and certificate together, signed by TLS_CA,
+naming every address the start script and the gateway use, not expired.
+
 Any address that is not a loopback one counts as reachable, not only 0.0.0.0: a LAN or public
 address, or a host name (it resolves to something beyond this machine, or it would be localhost).
 
@@ -32,6 +39,8 @@ import sys
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from ocr_bundle import tls
 
 OPEN_ON_PURPOSE = "none"  # UI_AUTH=none: a page without a login, on purpose
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
@@ -172,6 +181,35 @@ def page_warning(host: str, auth: str | None) -> str | None:
             "anyone who can reach it can use the server through it.")
 
 
+def plaintext_problem(service: str, host: str, tls_on: bool, allowed: bool) -> str | None:
+    """Why `service` on `host` must not be served in plain HTTP (None when it may)."""
+    if tls_on or allowed or is_loopback(host):
+        return None
+    return (f"refusing to serve {service} on {host} in plain HTTP: its key or login, and every page, would cross "
+            f"the network in clear, and anyone on the path who reads the key is let in. Serve it over HTTPS with "
+            f"{tls.CERT_ENV}, {tls.KEY_ENV} and {tls.CA_ENV} ({tls.MAKE_CERTS} makes them; README, TLS), bind it "
+            f"to 127.0.0.1, or set {tls.PLAINTEXT_ENV}=1 if the network is private on purpose.")
+
+
+def plaintext_warning(service: str, host: str, tls_on: bool) -> str | None:
+    if tls_on or is_loopback(host):
+        return None
+    return (f"WARNING: {service} on {host} serves plain HTTP, on purpose ({tls.PLAINTEXT_ENV}=1): keys, logins and "
+            "pages cross the network in clear.")
+
+
+def join_tls_problems(gateway_url: str, tls_on: bool, ca: str | None) -> list[str]:
+    """A joining server speaks to the gateway as the gateway does: HTTPS when this machine has TLS."""
+    gateway_scheme = urllib.parse.urlsplit(gateway_url).scheme
+    if tls_on and gateway_scheme == "http":
+        return [f"JOIN={gateway_url} is plain HTTP but this machine serves TLS ({tls.CERT_ENV}): the head's gateway "
+                "serves https:// when it has TLS; the keys would cross the network in clear otherwise"]
+    if gateway_scheme == "https" and not ca:
+        return [f"JOIN={gateway_url} is HTTPS: set {tls.CA_ENV} (the cluster's ca.pem) so this machine can verify "
+                "the gateway before it sends it a key"]
+    return []
+
+
 def truthy(value: str | None) -> bool:
     return (value or "").lower() in ("1", "true", "yes")
 
@@ -183,24 +221,38 @@ class Decision:
 
 
 def check(role: str, api_host: str | None, page_host: str | None, env: Mapping[str, str],
-          join_url: str | None = None, admin_key_needed: bool = True) -> Decision:
+          join_url: str | None = None, admin_key_needed: bool = True, tls_names: list[str] = ()) -> Decision:
     """The decision for what this machine serves: the API on `api_host` (the gateway's address
-    on the head), the page on `page_host` (None: no page), keys and login from `env`. The
-    launcher checks a joining server without the admin key (membership is the start script's)."""
+    on the head), the page on `page_host` (None: no page), keys, login and TLS from `env`. The
+    certificate must name every address in `tls_names` (besides the local address of each
+    service). The launcher checks a joining server without the admin key (membership is the
+    start script's)."""
     key, admin_key, auth = env.get(KEY_ENV) or None, env.get(ADMIN_KEY_ENV) or None, env.get(AUTH_ENV) or None
+    cert, cert_key, ca = (env.get(name) or None for name in (tls.CERT_ENV, tls.KEY_ENV, tls.CA_ENV))
+    tls_on, plaintext_allowed = bool(cert), truthy(env.get(tls.PLAINTEXT_ENV))
+    api_service = "the gateway" if role == "head" else "the vLLM API"
     problems: list[str | None] = []
     if api_host is not None:
         if role == "join":
             problems += joining_problems(api_host, bool(key), admin_key, join_url or "", admin_key_needed)
+            problems += join_tls_problems(join_url or "", tls_on, ca)
         else:
             problems.append(api_problem(api_host, bool(key), truthy(env.get(OPEN_API_ENV))))
         if role == "head":
             problems += gateway_problems(bool(key), admin_key, key)
+        problems.append(plaintext_problem(api_service, api_host, tls_on, plaintext_allowed))
     if page_host is not None:
         problems.append(page_problem(page_host, auth, bool(key)))
+        problems.append(plaintext_problem("the page", page_host, tls_on, plaintext_allowed))
+    names = [local_address(host) for host in (api_host, page_host) if host is not None]
+    tls_problems, tls_warnings = tls.certificate_problems(cert, cert_key, ca, [*names, *tls_names])
     warnings = [api_warning(api_host, bool(key)) if api_host is not None and role != "join" else None,
-                page_warning(page_host, auth) if page_host is not None else None]
-    return Decision([p for p in problems if p], [w for w in warnings if w])
+                page_warning(page_host, auth) if page_host is not None else None,
+                *(plaintext_warning(service, host, tls_on) for service, host in ((api_service, api_host),
+                                                                                   ("the page", page_host))
+                  if host is not None and plaintext_allowed),
+                *tls_warnings]
+    return Decision([p for p in [*problems, *tls_problems] if p], [w for w in warnings if w])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,8 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-host", required=True, help="the API's bind address (HOST; the gateway's on the head)")
     parser.add_argument("--join", default=None, help="the gateway this server joins (JOIN)")
     parser.add_argument("--page-host", default=None, help="the page's bind address (UI_HOST); omit with UI=off")
+    parser.add_argument("--tls-name", action="append", default=[],
+                        help="an address the certificate must name besides the services' local ones (repeatable; "
+                             "a joining server's: the one the gateway reaches it at)")
     args = parser.parse_args(argv)
-    decision = check(args.role, args.api_host, args.page_host, os.environ, args.join)
+    decision = check(args.role, args.api_host, args.page_host, os.environ, args.join, tls_names=args.tls_name)
     for problem in decision.problems:
         print(f"error: {problem}", file=sys.stderr)
     if decision.problems:

@@ -97,6 +97,10 @@ def add_server_arguments(parser: argparse.ArgumentParser, url_flag: str = "--url
     parser.add_argument("--model", default=env_default(ENV_MODEL),
                         help=f"served model name (env {ENV_MODEL}; default: the first one the server's /v1/models "
                              "lists)")
+    parser.add_argument("--ca-cert", default=None, metavar="FILE",
+                        help="the CA an https:// server's certificate must be signed by: the cluster's ca.pem from "
+                             "scripts/make_certs.py (default: env VLLM_CA_CERT, then REQUESTS_CA_BUNDLE, then "
+                             "SSL_CERT_FILE, then the public CAs)")
     refuse_key_on_command_line(parser)
 
 

@@ -11,7 +11,7 @@ if [[ ! "$STOP_GRACE" =~ ^[0-9]+$ ]]; then
 fi
 
 pid_file() { echo "$RUN_DIR/$1.pid"; }
-processes() { python3 "$ROOT/ocr_bundle/serve/processes.py" "$@"; }
+processes() { PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.processes "$@"; }
 
 # service_pid NAME: prints the recorded PID if that service is alive and still ours.
 service_pid() { processes running "$(pid_file "$1")"; }

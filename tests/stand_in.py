@@ -8,6 +8,7 @@ metrics that are not Prometheus text), and records every request with the key it
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,7 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class StandIn:
     """A stand-in for whatever JOIN points at: `answer(method, path, key) -> (status, body, headers)`."""
 
-    def __init__(self, answer: Callable[[str, str, str | None], tuple[int, str, dict]]):
+    def __init__(self, answer: Callable[[str, str, str | None], tuple[int, str, dict]],
+                 tls: ssl.SSLContext | None = None, host: str = "127.0.0.1"):
+        """`tls`: serve HTTPS with this server-side context (a server certificate; a client one required if
+        the context says so). `host`: the loopback address to listen on."""
         self.answer, self.seen = answer, []
         stand_in = self
 
@@ -39,8 +43,10 @@ class StandIn:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.server.server_address[1]}"
 
     def __enter__(self) -> StandIn:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -38,7 +38,9 @@ def test_the_rule():
 
 
 def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "UI_AUTH", "ALLOW_OPEN_API")}
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("VLLM_API_KEY", "UI_AUTH", "ALLOW_OPEN_API", "ALLOW_PLAINTEXT", "TLS_CERT", "TLS_KEY",
+                          "TLS_CA", "VLLM_CA_CERT")}
     return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT, env={**clean, **env})
 
 
@@ -56,6 +58,13 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
      "HOST=127.0.0.1 is this machine's loopback address: the gateway at 192.0.2.1 cannot reach it"),
     ({"JOIN": "http://127.0.0.1:8000", "VLLM_API_KEY": "k"}, "a joining server needs ROUTER_ADMIN_KEY"),
     ({"UI_AUTH": "alice"}, "UI_AUTH must look like user:password"),
+    ({"HOST": FAR, "VLLM_API_KEY": "k", "UI": "off"}, f"refusing to serve the vLLM API on {FAR} in plain HTTP"),
+    ({"UI_HOST": "0.0.0.0", "UI_AUTH": "me:pw"}, "refusing to serve the page on 0.0.0.0 in plain HTTP"),
+    ({"ROUTER": "on", "HOST": "0.0.0.0", "VLLM_API_KEY": "k", "ROUTER_ADMIN_KEY": "a", "UI": "off"},
+     "refusing to serve the gateway on 0.0.0.0 in plain HTTP"),
+    ({"JOIN": "http://192.0.2.1:8000", "HOST": "0.0.0.0", "VLLM_API_KEY": "k", "ROUTER_ADMIN_KEY": "a"},
+     "refusing to serve the vLLM API on 0.0.0.0 in plain HTTP"),
+    ({"TLS_CERT": "/nowhere/cert.pem"}, "TLS_CERT and TLS_KEY go together"),
     ({"STOP_GRACE": "2.5"}, "STOP_GRACE must be whole seconds"),
 ])
 def test_the_start_script_refuses_an_unprotected_address_before_starting_anything(tmp_path, env, message):
@@ -90,7 +99,7 @@ def test_the_launcher_refuses_an_unprotected_address_and_accepts_an_explicit_opt
     assert refused.returncode == 2 and f"refusing to serve the vLLM API on {FAR}" in refused.stderr
     # With the opt-out the exposure check passes; what fails next is the checkpoint, not the address.
     opened = run([PYTHON, str(ROOT / "start_vllm_server.py"), "--host", FAR, "--model", str(tmp_path), "--dry-run"],
-                 {"ALLOW_OPEN_API": "1"})
+                 {"ALLOW_OPEN_API": "1", "ALLOW_PLAINTEXT": "1"})
     assert "refusing to serve" not in opened.stderr and "not a LightOnOCR checkpoint" in opened.stderr
 
 
@@ -123,6 +132,9 @@ def test_the_exposure_check_runs_with_the_standard_library_alone():
     """The start script runs it with the system's python3, which may have no third-party package."""
     done = subprocess.run([sys.executable, "-S", "-m", "ocr_bundle.exposure", "--api-host", "0.0.0.0",
                            "--page-host", "0.0.0.0"], capture_output=True, text=True, timeout=30, cwd=ROOT,
-                          env={"PYTHONPATH": str(ROOT), "ALLOW_OPEN_API": "1", "UI_AUTH": "none"})
+                          env={"PYTHONPATH": str(ROOT), "ALLOW_OPEN_API": "1", "UI_AUTH": "none",
+                               "ALLOW_PLAINTEXT": "1"})
     assert done.returncode == 0, done.stderr
     assert "no API key, on purpose" in done.stderr and "no login, on purpose (UI_AUTH=none)" in done.stderr
+    assert "the vLLM API on 0.0.0.0 serves plain HTTP, on purpose (ALLOW_PLAINTEXT=1)" in done.stderr
+    assert "the page on 0.0.0.0 serves plain HTTP, on purpose" in done.stderr

@@ -266,13 +266,38 @@ def test_a_joining_server_beyond_loopback_needs_the_key_with_no_opt_out(two_gpus
     for extra in ((), ("--allow-open-api",)):
         refused = dry_run_gpu({**two_gpus, "VLLM_API_KEY": ""}, *join, *extra)
         assert refused.returncode == 2 and "no opt-out for a joining server" in refused.stderr, refused.stderr
-    keyed = dry_run_gpu({**two_gpus, "VLLM_API_KEY": "s3cret"}, *join)
+    keyed = dry_run_gpu({**two_gpus, "VLLM_API_KEY": "s3cret", "ALLOW_PLAINTEXT": "1"}, *join)
     assert keyed.returncode == 0, keyed.stderr
     far_from_loopback = dry_run_gpu({**two_gpus, "VLLM_API_KEY": "s3cret"}, "--join", "http://192.0.2.1:8000")
     assert far_from_loopback.returncode == 2 and "cannot reach it" in far_from_loopback.stderr
     assert "s3cret" not in keyed.stdout + keyed.stderr
     local = dry_run_gpu({**two_gpus, "VLLM_API_KEY": ""}, "--join", "http://127.0.0.1:8000")
     assert local.returncode == 2  # on loopback too: a joining server always holds the key
+
+
+def test_tls_serves_https_and_behind_a_gateway_requires_the_gateways_certificate(two_gpus, tmp_path):
+    made = subprocess.run([PYTHON, str(ROOT / "scripts" / "make_certs.py"), "--out", str(tmp_path), "node=10.0.0.2"],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    node = tmp_path / "node"
+    tls_env = {**two_gpus, "VLLM_API_KEY": "s3cret", "TLS_CERT": str(node / "cert.pem"),
+               "TLS_KEY": str(node / "key.pem"), "TLS_CA": str(node / "ca.pem")}
+    plain = dry_run_gpu({**two_gpus, "VLLM_API_KEY": "s3cret"}, "--host", "0.0.0.0")
+    assert plain.returncode == 2 and "in plain HTTP" in plain.stderr and "TLS_CERT" in plain.stderr
+    alone = dry_run_gpu(tls_env, "--host", "0.0.0.0")
+    assert alone.returncode == 0, alone.stderr
+    args = vllm_args(alone)
+    assert flag(args, "--ssl-certfile") == str(node / "cert.pem") and flag(args, "--ssl-keyfile") == str(node / "key.pem")
+    assert "--ssl-cert-reqs" not in args  # one machine: any client with the key (and the CA)
+    for argv in (("--join", "https://192.0.2.1:8000", "--host", "0.0.0.0"), ("--behind-gateway",)):
+        behind = dry_run_gpu(tls_env, *argv)
+        assert behind.returncode == 0, behind.stderr
+        args = vllm_args(behind)
+        assert flag(args, "--ssl-ca-certs") == str(node / "ca.pem") and flag(args, "--ssl-cert-reqs") == "2"
+    plain_join = dry_run_gpu(tls_env, "--join", "http://192.0.2.1:8000", "--host", "0.0.0.0")
+    assert plain_join.returncode == 2 and "is plain HTTP but this machine serves TLS" in plain_join.stderr
+    by_hand = dry_run_gpu(tls_env, "--", "--ssl-keyfile", "/elsewhere/key.pem")
+    assert by_hand.returncode == 2 and "serve HTTPS with TLS_CERT, TLS_KEY and TLS_CA instead" in by_hand.stderr
 
 
 def test_the_headless_data_parallel_flags_are_gone(two_gpus):

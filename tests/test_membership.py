@@ -134,6 +134,7 @@ def test_the_keeper_never_gives_up_while_its_server_lives(monkeypatch):
 
     class FlakyGateway:
         url = "http://gateway"
+        trust = None  # plain HTTP
 
         def __init__(self):
             self.pool: dict[str, dict] = {}
@@ -154,7 +155,7 @@ def test_the_keeper_never_gives_up_while_its_server_lives(monkeypatch):
             self.pool.pop(server, None)
 
     gateway = FlakyGateway()
-    monkeypatch.setattr("ocr_bundle.serve.membership.server_healthy", lambda url: True)
+    monkeypatch.setattr("ocr_bundle.serve.membership.server_healthy", lambda url, trust: True)
     monkeypatch.setattr("ocr_bundle.serve.membership.drain", lambda *args: None)
     rc = keep(gateway, "http://127.0.0.1:8001", lambda: True, stop, said.append, interval_s=0.01)
     assert rc == 0

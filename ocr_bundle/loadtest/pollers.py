@@ -281,13 +281,16 @@ class ServerMetrics:
     (KV usage: the fullest server; requests: the sum) and each server's under
     "<server>|<gauge>". `extra_servers` are read directly as well (--server-metrics: URLs the
     user gave). A source that does not answer, or answers with something that is not Prometheus
-    text, costs only its own values for that sample: n/a in the report, not zero.
+    text, costs only its own values for that sample: n/a in the report, not zero. Over HTTPS it
+    verifies as the run's client does (`tls_options`: the client's verify= and cert=).
     """
 
-    def __init__(self, base_url: str, extra_servers: Sequence[str] = (), timeout: float = 2.0):
+    def __init__(self, base_url: str, extra_servers: Sequence[str] = (), timeout: float = 2.0,
+                 tls_options: dict | None = None):
         self.base_url = base_url.rstrip("/")
         self.extra_servers = [url.rstrip("/") for url in extra_servers]
         self.session = requests.Session()
+        self.tls_options = tls_options or {}
         self.timeout = timeout
         self.behind_gateway = self._text(f"{self.base_url}/metrics") is None and \
             self._text(f"{self.base_url}/engine_metrics") is not None
@@ -299,7 +302,7 @@ class ServerMetrics:
 
     def _text(self, url: str) -> str | None:
         try:
-            response = self.session.get(url, timeout=self.timeout, allow_redirects=False)
+            response = self.session.get(url, timeout=self.timeout, allow_redirects=False, **self.tls_options)
         except requests.RequestException:
             return None  # a server restarting mid-run is the workload's problem, not the poller's
         return response.text if response.status_code == 200 else None
@@ -352,13 +355,13 @@ GATEWAY_COUNTERS = {  # counter -> the report's name; summed over labels, except
 PER_SERVER_COUNTER = "smg_worker_requests_total"
 
 
-def gateway_counters(metrics_url: str, timeout: float = 2.0) -> dict | None:
+def gateway_counters(metrics_url: str, timeout: float = 2.0, tls_options: dict | None = None) -> dict | None:
     """The gateway's counters now (retries, breaker transitions, requests per server), or None
     where its metrics port is not reachable from here (it listens on the head's loopback). SMG
     drops a server's per-server series when the server leaves its pool (a lost one is removed
     by its keeper): requests per server count the servers in the pool when it is read."""
     try:
-        response = requests.get(metrics_url, timeout=timeout, allow_redirects=False)
+        response = requests.get(metrics_url, timeout=timeout, allow_redirects=False, **(tls_options or {}))
         if response.status_code != 200:
             return None
         found = list(prometheus.samples(response.text))

@@ -47,7 +47,7 @@ def convert_repeat(bench: Bench, run: Path, repeat: int, client: OcrClient, sett
     never the command line."""
     command = [sys.executable, str(BATCH_SCRIPT), str(bench.pdf_folder), "--out", str(repeat_folder(run, repeat)),
                "--url", client.base_url, "--model", client.model(), "--concurrency", str(concurrency),
-               *settings.batch_arguments()]
+               *settings.batch_arguments(), *(["--ca-cert", client.trust.ca] if client.trust.ca else [])]
     if quiet:
         command.append("--quiet")
     env = {**os.environ, "VLLM_API_KEY": client.api_key or ""}

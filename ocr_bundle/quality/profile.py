@@ -35,7 +35,8 @@ def server_profile(client: OcrClient, status: ServerStatus) -> dict:
                **{f"kv_{label}": None for label in CACHE_LABELS}}
     try:
         # No key: /metrics is open on every server, and a key goes only where requests go.
-        text = requests.get(f"{client.base_url}/metrics", timeout=10, allow_redirects=False).text
+        text = requests.get(f"{client.base_url}/metrics", timeout=10, allow_redirects=False,
+                            **client.tls_options).text
         for sample in prometheus.samples(text):
             if sample.name == "vllm:cache_config_info":
                 profile.update({f"kv_{label}": sample.labels.get(label) for label in CACHE_LABELS})

@@ -41,6 +41,11 @@ The failover settings, and why (SMG's defaults in brackets):
 The keys are read from the environment and handed to SMG inside this process, never on a
 command line (`ps` shows command lines to every user); SMG renames the process `smg::router`.
 
+With TLS_CERT, TLS_KEY and TLS_CA (ocr_bundle.tls) the gateway serves HTTPS with that
+certificate (plain HTTP to it gets a TLS alert, no answer), verifies every server against
+TLS_CA and presents the same certificate to them as its client certificate: the servers
+behind it require one signed by the cluster's CA, so nobody else can use them directly.
+
     python -m ocr_bundle.serve.gateway --host 0.0.0.0 --port 8000        # with the Python that has smg
 
 Standard library only at import; smg is imported when the gateway starts.
@@ -52,6 +57,7 @@ import argparse
 import os
 import sys
 
+from ocr_bundle import tls
 from ocr_bundle.exposure import ADMIN_KEY_ENV, KEY_ENV
 from ocr_bundle.settings import ROUTER_METRICS_PORT, env_default
 
@@ -81,6 +87,14 @@ def gateway_arguments(host: str, port: int, metrics_port: int, request_timeout_s
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
 
 
+def tls_arguments(cert: str | None, key: str | None, ca: str | None) -> list[str]:
+    """HTTPS for clients, verification of the servers, and the client certificate the servers require."""
+    if not cert:
+        return []
+    return ["--tls-cert-path", cert, "--tls-key-path", key or "", "--ca-cert-paths", ca or "",
+            "--client-cert-path", cert, "--client-key-path", key or ""]
+
+
 def key_arguments(key: str | None, admin_key: str) -> list[str]:
     """The keys as SMG's parser takes them: parsed in this process, never an argv."""
     return [*(["--api-key", key] if key else []),
@@ -106,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     arguments = gateway_arguments(args.host, args.port, args.metrics_port, args.request_timeout)
+    cert, cert_key, ca = (os.environ.get(name) or None for name in (tls.CERT_ENV, tls.KEY_ENV, tls.CA_ENV))
+    arguments += tls_arguments(cert, cert_key, ca)
+    problems, _ = tls.certificate_problems(cert, cert_key, ca, ["127.0.0.1"])
+    if problems:
+        print("\n".join(f"error: {problem}" for problem in problems), file=sys.stderr)
+        return 2
     key, admin_key = os.environ.get(KEY_ENV) or None, os.environ.get(ADMIN_KEY_ENV) or None
     print(f"[gateway] smg {' '.join(arguments)}{' --api-key <' + KEY_ENV + '>' if key else ''} "
           f"--control-plane-api-keys '{ADMIN_KEY_ID}:bundle admin:admin:<{ADMIN_KEY_ENV}>'", flush=True)

@@ -19,6 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ocr_bundle import tls
 from ocr_bundle.serve import attention, route_keys, tuning
 from ocr_bundle.serve.scaleout import DataParallelPlan, replicas_per_node
 from ocr_bundle.settings import (
@@ -103,6 +104,19 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
                         help="the gateway (head) this server joins, e.g. http://10.0.0.1:8000 (env JOIN; the start "
                              "script adds it to the gateway's pool once ready). A joining server needs VLLM_API_KEY "
                              "with no opt-out, and an address the gateway can reach")
+    parser.add_argument("--tls-cert", default=env_default(tls.CERT_ENV),
+                        help="serve HTTPS with this certificate (env TLS_CERT; with --tls-key and --tls-ca). Beyond "
+                             "loopback the API is refused in plain HTTP unless --allow-plaintext")
+    parser.add_argument("--tls-key", default=env_default(tls.KEY_ENV), help="the certificate's key (env TLS_KEY)")
+    parser.add_argument("--tls-ca", default=env_default(tls.CA_ENV),
+                        help="the cluster's CA (env TLS_CA): it signed --tls-cert and, behind a gateway, the client "
+                             "certificate the server requires")
+    parser.add_argument("--behind-gateway", action="store_true", default=None,
+                        help="this server takes requests from the head's gateway only (default: with --join): with "
+                             "TLS it requires a client certificate signed by --tls-ca, which the gateway presents")
+    parser.add_argument("--allow-plaintext", action="store_true",
+                        default=env_default(tls.PLAINTEXT_ENV, False, lambda v: v.lower() in ("1", "true", "yes")),
+                        help="serve plain HTTP beyond loopback, on purpose (env ALLOW_PLAINTEXT=1)")
     parser.add_argument("--enable-prefix-caching", action="store_true",
                         help="turn prefix caching back on (off by default: OCR prompts share no prefix)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default=env_default("VLLM_DEVICE", "auto"),
@@ -305,6 +319,7 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str,
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_gib:g}"
     if args.kv_cache_dtype != "auto":
         command += ["--kv-cache-dtype", args.kv_cache_dtype]
+    command += tls_flags(args)
     for flag, value in (
         ("--max-num-seqs", args.max_num_seqs or args.max_pages_in_flight),
         ("--max-num-batched-tokens", args.max_num_batched_tokens),
@@ -322,11 +337,30 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str,
     return command + passthrough, env
 
 
+def tls_flags(args: argparse.Namespace) -> list[str]:
+    """vLLM's HTTPS flags; behind a gateway, a client certificate signed by the CA is required
+    (ssl.CERT_REQUIRED = 2): only the gateway, which presents one, can use the server."""
+    if not args.tls_cert:
+        return []
+    flags = ["--ssl-certfile", args.tls_cert, "--ssl-keyfile", args.tls_key]
+    if behind_gateway(args):
+        flags += ["--ssl-ca-certs", args.tls_ca, "--ssl-cert-reqs", "2"]
+    return flags
+
+
+def behind_gateway(args: argparse.Namespace) -> bool:
+    return bool(args.join) if args.behind_gateway is None else args.behind_gateway
+
+
 def passthrough_problem(passthrough: list[str]) -> str | None:
-    """Flags after -- that would put a key on vLLM's command line, visible to every user (ps)."""
+    """Flags after -- that would put a key on vLLM's command line (visible to every user: ps), or
+    TLS settings the start script's own checks and the gateway would not know of."""
     if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in passthrough):
         return ("--api-key after -- would put the key on vLLM's command line, visible to every user (ps): export "
                 "VLLM_API_KEY instead (the launcher hands it to vLLM through the environment)")
+    if any(arg.startswith("--ssl-") for arg in passthrough):
+        return ("--ssl-* after --: serve HTTPS with TLS_CERT, TLS_KEY and TLS_CA instead (or --tls-cert, --tls-key, "
+                "--tls-ca), so the readiness checks, the page and the gateway speak HTTPS to it too")
     return None
 
 

@@ -32,6 +32,11 @@ adds the server (the gateway sends it there), no key on a server's own /health a
 (open by design). Redirects are never followed: a key goes to the URL it
 was meant for or nowhere.
 
+With TLS (TLS_CERT, TLS_KEY, TLS_CA in the environment) every call is HTTPS: the gateway is
+verified against TLS_CA before a key is sent to it (a certificate that does not verify is a
+refusal, exit 2, not something to wait for), this machine's certificate is presented (its own
+server, behind the gateway, requires one), and the server is advertised as https://.
+
 Standard library only: the start script runs it with the system's python3.
 """
 
@@ -52,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocr_bundle import prometheus
+from ocr_bundle import prometheus, tls
 from ocr_bundle.exposure import ADMIN_KEY_ENV, KEY_ENV, is_all_interfaces, unreachable_from, url_host
 from ocr_bundle.serve.processes import read_pid_file
 
@@ -78,18 +83,23 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirects)
 
 
-def _call(method: str, url: str, key: str | None, timeout_s: float, body: dict | None = None) -> tuple[int, str]:
+def _call(method: str, url: str, key: str | None, timeout_s: float, body: dict | None = None,
+          trust: tls.Trust | None = None) -> tuple[int, str]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     data = None
     if body is not None:
         data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
     request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    opener = _OPENER if trust is None else \
+        urllib.request.build_opener(_NoRedirects, urllib.request.HTTPSHandler(context=trust.ssl_context()))
     try:
-        with _OPENER.open(request, timeout=timeout_s) as response:
+        with opener.open(request, timeout=timeout_s) as response:
             return response.status, response.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")
     except (urllib.error.URLError, OSError) as exc:
+        if (explained := tls.explain(exc, url, trust or tls.Trust())) is not None:
+            raise GatewayRefused(explained) from None  # a certificate that does not verify will not by waiting
         raise GatewayUnreachable(f"{url}: {getattr(exc, 'reason', exc)}") from None
 
 
@@ -107,10 +117,12 @@ class Gateway:
     admin_key: str | None
     client_key: str | None = None
     timeout_s: float = 10.0
+    trust: tls.Trust | None = None  # this machine's TLS (tls.machine_trust), None for plain HTTP
 
     def servers(self) -> dict[str, dict]:
         """The pool: server URL -> SMG's record of it (id, is_healthy, status, ...)."""
-        status, body = _call("GET", f"{normalized(self.url)}/workers", self.admin_key, self.timeout_s)
+        status, body = _call("GET", f"{normalized(self.url)}/workers", self.admin_key, self.timeout_s,
+                             trust=self.trust)
         if status in (401, 403):
             raise GatewayRefused(f"the gateway at {self.url} refused {ADMIN_KEY_ENV} ({status}): it must be the "
                                  "head's admin key")
@@ -128,7 +140,8 @@ class Gateway:
     def add(self, server: str, wait_s: float = ADD_WAIT_S) -> None:
         """Add `server` and wait until the pool lists it (SMG adds in the background)."""
         spec = {"url": server, **({"api_key": self.client_key} if self.client_key else {})}
-        status, body = _call("POST", f"{normalized(self.url)}/workers", self.admin_key, self.timeout_s, spec)
+        status, body = _call("POST", f"{normalized(self.url)}/workers", self.admin_key, self.timeout_s, spec,
+                             self.trust)
         if status in (401, 403):
             raise GatewayRefused(f"the gateway at {self.url} refused {ADMIN_KEY_ENV} ({status})")
         if status not in (200, 201, 202, 409):  # 409: listed already
@@ -137,7 +150,9 @@ class Gateway:
         while normalized(server) not in self.servers():
             if time.monotonic() > deadline:
                 raise GatewayUnreachable(f"the gateway at {self.url} accepted {server} but has not added it after "
-                                         f"{wait_s:g} s (does it answer the gateway's /health? the same {KEY_ENV}?)")
+                                         f"{wait_s:g} s (does it answer the gateway's /health? the same {KEY_ENV}? "
+                                         "with TLS: is its certificate signed by the gateway's CA, and does it name "
+                                         "this address?)")
             time.sleep(0.5)
 
     def remove(self, server: str, wait_s: float = 10.0) -> None:
@@ -146,7 +161,7 @@ class Gateway:
         if record is None:
             return
         status, body = _call("DELETE", f"{normalized(self.url)}/workers/{urllib.parse.quote(str(record['id']))}",
-                             self.admin_key, self.timeout_s)
+                             self.admin_key, self.timeout_s, trust=self.trust)
         if status in (401, 403):
             raise GatewayRefused(f"the gateway at {self.url} refused {ADMIN_KEY_ENV} ({status})")
         if status not in (200, 202, 204, 404):
@@ -160,7 +175,7 @@ class Gateway:
     def identify(self) -> None:
         """Refuse a URL that answers but is not SMG: its /liveness answers "OK" to anyone, where a
         keyed vLLM server answers 401 and the page or an unkeyed server 404."""
-        status, body = _call("GET", f"{normalized(self.url)}/liveness", None, self.timeout_s)
+        status, body = _call("GET", f"{normalized(self.url)}/liveness", None, self.timeout_s, trust=self.trust)
         if status >= 500:
             raise GatewayUnreachable(f"the gateway at {self.url} answered {status}")
         if status != 200 or body.strip() != "OK":
@@ -170,15 +185,16 @@ class Gateway:
     def accepts_client_key(self, key: str | None) -> bool:
         """Whether the gateway lets `key` through to its servers: a chat request with an empty body
         is refused (401) before it is read when the key is wrong, and never reaches a server."""
-        status, _ = _call("POST", f"{normalized(self.url)}/v1/chat/completions", key, self.timeout_s, {})
+        status, _ = _call("POST", f"{normalized(self.url)}/v1/chat/completions", key, self.timeout_s, {},
+                          self.trust)
         if status >= 500:
             raise GatewayUnreachable(f"the gateway at {self.url} answered {status}")
         return status not in (401, 403)
 
 
-def advertised_url(bind_host: str, port: int, gateway_url: str) -> str:
+def advertised_url(bind_host: str, port: int, gateway_url: str, scheme: str = "http") -> str:
     """The URL the gateway reaches this server at: its bind address, or, bound to all
-    interfaces, this machine's address on the route to the gateway."""
+    interfaces, this machine's address on the route to the gateway. `scheme`: https with TLS."""
     host = bind_host
     if is_all_interfaces(bind_host):
         gateway_host = urllib.parse.urlsplit(gateway_url).hostname or "127.0.0.1"
@@ -188,7 +204,7 @@ def advertised_url(bind_host: str, port: int, gateway_url: str) -> str:
             host = probe.getsockname()[0]
     elif bind_host == "localhost":
         host = "127.0.0.1"
-    return f"http://{url_host(host)}:{port}"
+    return f"{scheme}://{url_host(host)}:{port}"
 
 
 def preflight(gateway: Gateway, server_url: str) -> None:
@@ -206,27 +222,27 @@ def preflight(gateway: Gateway, server_url: str) -> None:
                              "to every server, so this server would refuse every request. Use the head's key")
 
 
-def server_load(server_url: str, timeout_s: float = 3.0) -> int | None:
+def server_load(server_url: str, trust: tls.Trust | None = None, timeout_s: float = 3.0) -> int | None:
     """Requests the server holds (running + waiting, from its /metrics); None if it does not answer."""
     try:
-        status, text = _call("GET", f"{normalized(server_url)}/metrics", None, timeout_s)
+        status, text = _call("GET", f"{normalized(server_url)}/metrics", None, timeout_s, trust=trust)
         held = prometheus.fold(text, {"vllm:num_requests_running": sum, "vllm:num_requests_waiting": sum})
     except (GatewayUnreachable, GatewayRefused, ValueError):
         return None
     return round(sum(held.values())) if status == 200 else None
 
 
-def server_healthy(server_url: str) -> bool:
+def server_healthy(server_url: str, trust: tls.Trust | None = None) -> bool:
     try:
-        return _call("GET", f"{normalized(server_url)}/health", None, 3.0)[0] == 200
+        return _call("GET", f"{normalized(server_url)}/health", None, 3.0, trust=trust)[0] == 200
     except (GatewayUnreachable, GatewayRefused):
         return False
 
 
-def drain(server_url: str, timeout_s: float, say: Callable[[str], None]) -> None:
+def drain(server_url: str, timeout_s: float, say: Callable[[str], None], trust: tls.Trust | None = None) -> None:
     """Wait until the server holds no request (or is gone, or the time is up)."""
     deadline = time.monotonic() + timeout_s
-    while (held := server_load(server_url)) and time.monotonic() < deadline:
+    while (held := server_load(server_url, trust)) and time.monotonic() < deadline:
         say(f"waiting for the {held} request(s) {server_url} still holds")
         time.sleep(1.0)
 
@@ -243,7 +259,7 @@ def keep(gateway: Gateway, server: str, server_alive: Callable[[], bool], stop: 
         try:
             if normalized(server) in gateway.servers():
                 joined_before = True
-            elif server_healthy(server):
+            elif server_healthy(server, gateway.trust):
                 gateway.add(server)
                 say(f"{'re' if joined_before else ''}joined the gateway at {gateway.url} as {server}")
                 joined_before = True
@@ -251,7 +267,7 @@ def keep(gateway: Gateway, server: str, server_alive: Callable[[], bool], stop: 
             say(f"{exc}; trying again in {interval_s:g} s")
         stop.wait(interval_s)
     _leave_quietly(gateway, server, say)
-    drain(server, drain_s, say)
+    drain(server, drain_s, say, gateway.trust)
     return 0
 
 
@@ -286,16 +302,17 @@ def main(argv: list[str] | None = None) -> int:
                                  help="on stop, seconds to wait for the server's requests after leaving")
     args = parser.parse_args(argv)
     if args.command == "advertise":
-        print(advertised_url(args.bind, args.port, args.gateway))
+        print(advertised_url(args.bind, args.port, args.gateway, tls.scheme()))
         return 0
 
     def say(line: str) -> None:
         print(f"[membership] {time.strftime('%H:%M:%S')} {line}", flush=True)
 
-    gateway = Gateway(args.gateway, os.environ.get(ADMIN_KEY_ENV) or None, os.environ.get(KEY_ENV) or None)
+    gateway = Gateway(args.gateway, os.environ.get(ADMIN_KEY_ENV) or None, os.environ.get(KEY_ENV) or None,
+                      trust=tls.machine_trust())
     try:
         if args.command == "preflight":
-            preflight(gateway, advertised_url(args.bind, args.port, args.gateway))
+            preflight(gateway, advertised_url(args.bind, args.port, args.gateway, tls.scheme()))
             return 0
         if args.command == "members":
             print(" ".join(gateway.servers()) or "none yet")

@@ -9,6 +9,10 @@ runs it, before the one with vLLM is known.
     python3 -m ocr_bundle.serve.processes wait-ready http://127.0.0.1:8000/health --pid-file run/vllm.pid --timeout 900
     python3 -m ocr_bundle.serve.processes stop run/vllm.pid --name vllm --grace 30
 
+wait-ready speaks HTTPS when the URL says so, with this machine's TLS from the environment
+(TLS_CA to verify, TLS_CERT/TLS_KEY presented: a server behind a gateway requires a client
+certificate); a certificate that does not verify ends the wait at once, explained.
+
 Services are started with setsid, so each leads its own process group and its PID is the
 group id: stopping the group also stops the engine processes vLLM forks. A PID file holds
 "PID START": the process start time from /proc/PID/stat, so a recycled PID (even one now
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import ssl
 import sys
 import time
 import urllib.error
@@ -30,6 +35,8 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ocr_bundle import tls
 
 POLL_S = 0.2
 KILL_WAIT_S = 5.0
@@ -201,23 +208,27 @@ class NotReady(Exception):
 
 
 def wait_ready(url: str, alive: Callable[[], bool], timeout_s: float, accept: Iterable[int] = (200,),
-               name: str = "service", headers: dict[str, str] | None = None) -> float:
+               name: str = "service", headers: dict[str, str] | None = None, trust: tls.Trust | None = None) -> float:
     """Poll `url` until it answers one of `accept`, while `alive()` holds; seconds waited.
 
-    Raises NotReady as soon as the process is gone, or at the deadline.
+    Raises NotReady as soon as the process is gone, at the deadline, or at once when the
+    service's TLS certificate does not verify against `trust` (waiting would not change it).
     """
     accepted = set(accept)
     start = time.monotonic()
     request = urllib.request.Request(url, headers=headers or {})
+    context = trust.ssl_context() if trust is not None else None
     while True:
         if not alive():
             raise NotReady(f"{name} exited during start-up")
         try:
-            with urllib.request.urlopen(request, timeout=2) as response:
+            with urllib.request.urlopen(request, timeout=2, context=context) as response:
                 status = response.status
         except urllib.error.HTTPError as exc:
             status = exc.code
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError) as exc:
+            if isinstance(tls.ssl_error_of(exc), ssl.SSLCertVerificationError):
+                raise NotReady(tls.explain(exc, url, trust or tls.Trust())) from None
             status = None
         if status in accepted:
             return time.monotonic() - start
@@ -267,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         try:
             waited = wait_ready(args.url, service.leader_alive, args.timeout,
-                                [int(code) for code in args.accept.split(",")], args.name)
+                                [int(code) for code in args.accept.split(",")], args.name, trust=tls.machine_trust())
         except NotReady as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -1,6 +1,7 @@
 """A page through every engine before the start script says the server is ready.
 
     python -m ocr_bundle.serve.warmup [--url http://127.0.0.1:8000] [--image PATH] [--timeout S]
+    (with TLS_CERT, TLS_KEY, TLS_CA in the environment: over HTTPS, presenting this machine's certificate)
 
 A fresh engine's first page pays one-time costs: on a GPU, the vision encoder's
 torch.compile (15-44 s on an H200, when the launcher turns it on: ocr_bundle.serve.tuning), plus
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import requests
 
+from .. import tls
 from ..client import OcrClient, OcrError, build_chat_request
 from ..images import prepare_image_bytes
 from ..loadtest.pollers import engine_count
@@ -32,7 +34,7 @@ WARMUP_PAGE = sample_path("english_a4_document.png")  # a full A4 page: the enco
 
 def engines_of(client: OcrClient) -> int:
     try:
-        response = requests.get(f"{client.base_url}/metrics", headers=client.headers(), timeout=10)
+        response = requests.get(f"{client.base_url}/metrics", timeout=10, **client.tls_options)
     except requests.RequestException:
         return 1
     return engine_count(response.text) if response.status_code == 200 else 1
@@ -57,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=READ_TIMEOUT_S,
                         help=f"seconds per page (default {READ_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
-    client = OcrClient(args.url, read_timeout=args.timeout)
+    # The start script's own check: this machine's TLS (TLS_CA, and its certificate, which a server
+    # behind a gateway requires of every client).
+    client = OcrClient(args.url, read_timeout=args.timeout, trust=tls.machine_trust())
     try:
         pages, seconds = warm_up(client, args.image)
     except (OcrError, OSError) as exc:
