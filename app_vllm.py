@@ -2,7 +2,7 @@
 """Gradio page for LightOnOCR-2-1B served by vLLM: upload an image or a PDF, read the text.
 
     python app_vllm.py                                   # server at http://127.0.0.1:8000, page on :7860
-    VLLM_API_KEY=s3cret python app_vllm.py --server-url http://gpu-box:8000 --auth alice:pw
+    VLLM_API_KEY=s3cret python app_vllm.py --server-url https://gpu-box:8000 --ca-cert ca.pem --auth alice:pw
 
 Precedence: flags > environment (VLLM_URL, VLLM_MODEL, VLLM_API_KEY, VLLM_CA_CERT, UI_HOST,
 UI_PORT, UI_AUTH, UI_MAX_UPLOAD_MB, UI_CONCURRENCY, TLS_CERT, TLS_KEY, TLS_CA) > defaults. With

@@ -136,7 +136,7 @@ def joining_problems(host: str, has_key: bool, admin_key: str | None, gateway_ur
     problems = []
     parts = urllib.parse.urlsplit(gateway_url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
-        problems.append(f"JOIN must be the gateway's endpoint, like http://10.0.0.1:8000, not '{gateway_url}'")
+        problems.append(f"JOIN must be the gateway's endpoint, like https://10.0.0.1:8000, not '{gateway_url}'")
     elif unreachable_from(parts.hostname, host):
         problems.append(f"HOST={host} is this machine's loopback address: the gateway at {parts.hostname} cannot "
                         "reach it. Set HOST=0.0.0.0 (or this machine's address on the gateway's network)")

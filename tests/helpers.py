@@ -74,9 +74,10 @@ def stop_group(started: Started, grace_s: float = 20.0) -> None:
         pass
 
 
-def server_requests(url: str) -> float:
-    """Requests the vLLM server has finished, for any reason (aborted ones included)."""
-    text = requests.get(f"{url}/metrics", timeout=10).text
+def server_requests(url: str, tls_options: dict | None = None) -> float:
+    """Requests the vLLM server has finished, for any reason (aborted ones included). `tls_options`:
+    verify= and cert= for a server over HTTPS (behind a gateway: a cluster machine's certificate)."""
+    text = requests.get(f"{url}/metrics", timeout=10, **(tls_options or {})).text
     return parse_prometheus(text, {"vllm:request_success_total": sum}).get("vllm:request_success_total", 0.0)
 
 

@@ -1,18 +1,25 @@
-"""Several servers behind the head's gateway (SMG), through the bundle's own scripts, on the CPU backend.
+"""Several servers behind the head's gateway (SMG), through the bundle's own scripts, on the CPU backend,
+over TLS as the README's cluster recipe runs it.
 
 One head (ROUTER=on: the gateway on PORT, its own server on SERVER_PORT, the page) and one
-machine joining it (JOIN=...), both on this host with their own ports and run directories,
-started once for this module. The tests run in file order: every door is tried; a server is
-killed mid-batch and restarted, killed mid-stress-run and restarted, stopped with
-stop_optimized.sh mid-batch, restarted by its scripts mid-batch; then the head is stopped.
+machine joining it (JOIN=https://...), both on this host with their own ports, run directories
+and certificates (scripts/make_certs.py, a CA made for this module), started once for this
+module. Every connection is HTTPS; the servers behind the gateway require a client certificate
+signed by the cluster's CA, which the gateway (and each machine's own checks) present. The tests
+run in file order: every door is tried; what TLS refuses is tried; a server is killed mid-batch
+and restarted, killed mid-stress-run and restarted, stopped with stop_optimized.sh mid-batch,
+restarted by its scripts mid-batch; then the head is stopped.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -26,9 +33,11 @@ from PIL import Image
 from conftest import TEST_MAX_MODEL_LEN
 from helpers import PYTHON, ROOT, free_port, server_requests, wait_for
 from ocr_bundle.loadtest.pollers import gateway_counters
-from ocr_bundle.serve.membership import Gateway
+from ocr_bundle import tls
+from ocr_bundle.serve.membership import Gateway, GatewayUnreachable
 from ocr_bundle.serve.processes import Service, read_pid_file
 from ocr_bundle.serve.route_keys import OPEN_PATHS
+from stand_in import StandIn
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_pdf import image_pdf, jpeg_of  # noqa: E402
@@ -107,10 +116,30 @@ class Cluster:
     head_server_url: str
     node_url: str
     metrics_url: str
+    certs: Path  # make_certs.py's folder: ca.pem, head/, node/
+
+    @property
+    def ca(self) -> str:
+        return str(self.certs / "ca.pem")
+
+    @property
+    def client_tls(self) -> dict:
+        """What a client holds: the CA, no certificate of its own."""
+        return {"verify": self.ca}
+
+    @property
+    def machine_tls(self) -> dict:
+        """What a machine of the cluster holds (the head's certificate): the servers' checks need it."""
+        return {"verify": self.ca, "cert": (str(self.certs / "head" / "cert.pem"), str(self.certs / "head" / "key.pem"))}
 
     @property
     def gateway(self) -> Gateway:
-        return Gateway(self.gateway_url, ADMIN_KEY, KEY)
+        head = self.certs / "head"
+        return Gateway(self.gateway_url, ADMIN_KEY, KEY,
+                       trust=tls.Trust(self.ca, "TLS_CA", str(head / "cert.pem"), str(head / "key.pem")))
+
+    def served(self, server_url: str) -> float:
+        return server_requests(server_url, self.machine_tls)
 
     def members(self) -> list[str]:
         return list(self.gateway.servers())
@@ -119,24 +148,34 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("cluster")
+    certs = root / "certs"
+    made = subprocess.run([PYTHON, str(ROOT / "scripts" / "make_certs.py"), "--out", str(certs), "head=127.0.0.1",
+                           "node=127.0.0.1"], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
     gateway_port, server_port, node_port, metrics_port = (free_port() for _ in range(4))
     common = {"MODEL": str(tiny_checkpoint), "PYTHON": PYTHON, "VLLM_API_KEY": KEY, "ROUTER_ADMIN_KEY": ADMIN_KEY,
-              "HOST": "127.0.0.1", "STOP_GRACE": "20", "UI_AUTH": ""}
+              "HOST": "127.0.0.1", "STOP_GRACE": "20", "UI_AUTH": "", "VLLM_CA_CERT": ""}
+
+    def machine(name: str) -> dict[str, str]:  # the variables make_certs.py printed for it
+        return {"TLS_CERT": str(certs / name / "cert.pem"), "TLS_KEY": str(certs / name / "key.pem"),
+                "TLS_CA": str(certs / name / "ca.pem")}
+
     # Two machines on 2 cores: each engine on a core of its own (vLLM's CPU backend binds every engine to
     # core 0 by default, and a node starting beside a busy head then waits minutes for it).
-    head = Node({**common, "VLLM_CPU_OMP_THREADS_BIND": "0", "RUN_DIR": str(root / "head"), "ROUTER": "on",
+    head = Node({**common, **machine("head"), "VLLM_CPU_OMP_THREADS_BIND": "0", "RUN_DIR": str(root / "head"),
+                 "ROUTER": "on",
                  "PORT": str(gateway_port), "SERVER_PORT": str(server_port), "UI_PORT": str(free_port()),
                  "UI_HOST": "127.0.0.1", "ROUTER_METRICS_PORT": str(metrics_port)})
-    node = Node({**common, "VLLM_CPU_OMP_THREADS_BIND": "1", "RUN_DIR": str(root / "node"), "PORT": str(node_port),
-                 "JOIN": f"http://127.0.0.1:{gateway_port}"})
+    node = Node({**common, **machine("node"), "VLLM_CPU_OMP_THREADS_BIND": "1", "RUN_DIR": str(root / "node"),
+                 "PORT": str(node_port), "JOIN": f"https://127.0.0.1:{gateway_port}"})
     # Both at once, as two machines would: the node keeps trying until the head's gateway answers.
     starts = [head.start(), node.start()]
     outputs = [start.communicate(timeout=900)[0] for start in starts]
     try:
         for start, output in zip(starts, outputs):
             assert start.returncode == 0, output
-        yield Cluster(head, node, f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{server_port}",
-                      f"http://127.0.0.1:{node_port}", f"http://127.0.0.1:{metrics_port}/metrics")
+        yield Cluster(head, node, f"https://127.0.0.1:{gateway_port}", f"https://127.0.0.1:{server_port}",
+                      f"https://127.0.0.1:{node_port}", f"http://127.0.0.1:{metrics_port}/metrics", certs)
     finally:
         for machine in (node, head):
             machine.script("stop_optimized.sh")
@@ -149,15 +188,15 @@ def a_pdf(path: Path, pages: int) -> Path:
 
 def batch(cluster: Cluster, pdf: Path, out: Path, concurrency: int = 4) -> subprocess.Popen:
     return subprocess.Popen([PYTHON, str(ROOT / "batch_ocr.py"), str(pdf), "--out", str(out), "--url",
-                             cluster.gateway_url, "--max-tokens", "24", "--max-attempts", "1", "--concurrency",
-                             str(concurrency), "--quiet"],
+                             cluster.gateway_url, "--ca-cert", cluster.ca, "--max-tokens", "24", "--max-attempts", "1",
+                             "--concurrency", str(concurrency), "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env={**os.environ, "VLLM_API_KEY": KEY})
 
 
 def kill_once_serving(cluster: Cluster, served_before: float) -> float:
     """SIGKILL the joining server once it has answered a few requests of the run; when."""
-    wait_for(lambda: server_requests(cluster.node_url) >= served_before + 3, 300, "the joined server to take work")
+    wait_for(lambda: cluster.served(cluster.node_url) >= served_before + 3, 300, "the joined server to take work")
     cluster.node.kill_server()
     return time.monotonic()
 
@@ -189,10 +228,11 @@ def vllm_routes(log: Path) -> list[tuple[str, str]]:
     return sorted(routes, key=lambda route: (route[1], route[0]))
 
 
-def knock(url: str, method: str, key: str | None) -> int:
+def knock(url: str, method: str, key: str | None, tls_options: dict) -> int:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        return requests.request(method, url, headers=headers, json={}, timeout=30, allow_redirects=False).status_code
+        return requests.request(method, url, headers=headers, json={}, timeout=30, allow_redirects=False,
+                                **tls_options).status_code
     except requests.RequestException:
         return 0
 
@@ -211,14 +251,16 @@ def test_every_door_of_every_port_needs_its_key(cluster: Cluster, tmp_path: Path
         routes = vllm_routes(log)
         assert ("POST", "/invocations") in routes and ("POST", "/v1/chat/completions") in routes and len(routes) > 20
         for method, path in routes:
-            answers = {name: knock(f"{url}{path}", method, key) for name, key in KEYS.items()}
+            # As a machine of the cluster (with its certificate): the keys are what is tried here.
+            answers = {name: knock(f"{url}{path}", method, key, cluster.machine_tls) for name, key in KEYS.items()}
             table.append((port, method, path, answers))
             if path in OPEN_PATHS:
                 continue
             if any(answers[name] != 401 for name in ("none", "wrong", "admin")) or answers["client"] == 401:
                 wrong.append((port, method, path, answers))
     for method, path, group in SMG_ROUTES:
-        answers = {name: knock(f"{cluster.gateway_url}{path}", method, key) for name, key in KEYS.items()}
+        answers = {name: knock(f"{cluster.gateway_url}{path}", method, key, cluster.client_tls)
+                   for name, key in KEYS.items()}
         table.append(("gateway", method, path, answers))
         if group == "open":
             continue
@@ -241,24 +283,140 @@ def test_every_door_of_every_port_needs_its_key(cluster: Cluster, tmp_path: Path
 def test_only_the_admin_key_changes_the_pool(cluster: Cluster):
     servers = sorted(cluster.members())
     assert servers == sorted([cluster.head_server_url, cluster.node_url])
-    outsider = f"http://127.0.0.1:{free_port()}"
+    outsider = f"https://127.0.0.1:{free_port()}"
     for key in (None, "not-the-key", KEY):
-        assert knock(f"{cluster.gateway_url}/workers", "GET", key) == 401
+        assert knock(f"{cluster.gateway_url}/workers", "GET", key, cluster.client_tls) == 401
         answer = requests.post(f"{cluster.gateway_url}/workers", json={"url": outsider}, timeout=10,
-                               headers={"Authorization": f"Bearer {key}"} if key else {})
+                               headers={"Authorization": f"Bearer {key}"} if key else {}, **cluster.client_tls)
         assert answer.status_code == 401, answer.text
         record = cluster.gateway.servers()[cluster.node_url]
-        assert knock(f"{cluster.gateway_url}/workers/{record['id']}", "DELETE", key) == 401
+        assert knock(f"{cluster.gateway_url}/workers/{record['id']}", "DELETE", key, cluster.client_tls) == 401
     assert sorted(cluster.members()) == servers
     # A chat through the gateway reaches a key-protected server: the gateway sends the key on.
-    model = requests.get(f"{cluster.gateway_url}/v1/models", timeout=10).json()["data"][0]["id"]
-    served = server_requests(cluster.node_url) + server_requests(cluster.head_server_url)
+    model = requests.get(f"{cluster.gateway_url}/v1/models", timeout=10, **cluster.client_tls).json()["data"][0]["id"]
+    served = cluster.served(cluster.node_url) + cluster.served(cluster.head_server_url)
     for _ in range(2):
         chat = requests.post(f"{cluster.gateway_url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                              json={"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
-                             timeout=120)
+                             timeout=120, **cluster.client_tls)
         assert chat.status_code == 200, chat.text
-    assert server_requests(cluster.node_url) + server_requests(cluster.head_server_url) == served + 2
+    assert cluster.served(cluster.node_url) + cluster.served(cluster.head_server_url) == served + 2
+
+
+def refused_by_tls(url: str, **options) -> bool:
+    """True when no HTTP answer comes back (the TLS layer said no, or the server hung up)."""
+    try:
+        requests.get(url, timeout=20, headers={"Authorization": f"Bearer {KEY}"}, **options)
+    except requests.RequestException:
+        return True
+    return False
+
+
+def converter(url: str, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    """batch_ocr.py as a user runs it, with the key, the environment's CA settings cleared."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_CA_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")}
+    return subprocess.run([PYTHON, str(ROOT / "batch_ocr.py"), str(ROOT / "samples" / "table_screenshot.png"),
+                           "--url", url, "--out", str(out), "--max-tokens", "8", "--max-attempts", "1", "--quiet",
+                           *flags], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**env, "VLLM_API_KEY": KEY})
+
+
+def test_what_tls_refuses(cluster: Cluster, tmp_path: Path):
+    """The refusal table: plain HTTP to every port, a client without the CA or with another one,
+    the client key sent straight to a server without the cluster's client certificate. Each
+    refusal leaves the servers untouched and is explained to the person who ran the client."""
+    other = tmp_path / "other-certs"
+    made = subprocess.run([PYTHON, str(ROOT / "scripts" / "make_certs.py"), "--out", str(other), "intruder=127.0.0.1"],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    intruder = (str(other / "intruder" / "cert.pem"), str(other / "intruder" / "key.pem"))
+    page_url = f"https://127.0.0.1:{cluster.head.env['UI_PORT']}"
+    served = cluster.served(cluster.node_url) + cluster.served(cluster.head_server_url)
+    rows = []
+    for port, url in (("gateway", cluster.gateway_url), ("node", cluster.node_url), ("page", page_url)):
+        assert refused_by_tls(url.replace("https://", "http://") + "/health"), port
+        rows.append((f"plain HTTP to the {port}", "no HTTP answer"))
+    plain = converter(cluster.gateway_url.replace("https://", "http://"), tmp_path / "plain")
+    assert plain.returncode == 2 and "closed the connection on a plain-HTTP request" in plain.stderr, plain.stderr
+    rows.append(("batch_ocr.py --url http://gateway", plain.stderr.strip().splitlines()[-1]))
+    no_ca = converter(cluster.gateway_url, tmp_path / "no-ca")
+    assert no_ca.returncode == 2 and "TLS: cannot verify" in no_ca.stderr, no_ca.stderr
+    assert "not signed by a CA this client trusts" in no_ca.stderr and "--ca-cert or VLLM_CA_CERT" in no_ca.stderr
+    rows.append(("batch_ocr.py, no CA", no_ca.stderr.strip().splitlines()[-1]))
+    wrong_ca = converter(cluster.gateway_url, tmp_path / "wrong-ca", "--ca-cert", str(other / "ca.pem"))
+    assert wrong_ca.returncode == 2 and f"the CA file {other / 'ca.pem'} (from --ca-cert)" in wrong_ca.stderr
+    rows.append(("batch_ocr.py --ca-cert <another CA>", wrong_ca.stderr.strip().splitlines()[-1]))
+    direct = converter(cluster.node_url, tmp_path / "direct", "--ca-cert", cluster.ca)
+    assert direct.returncode == 2 and "Send requests to the gateway" in direct.stderr, direct.stderr
+    rows.append(("batch_ocr.py --url <node>, the client key, no client certificate",
+                 direct.stderr.strip().splitlines()[-1]))
+    for server in (cluster.node_url, cluster.head_server_url):
+        assert refused_by_tls(f"{server}/v1/models", verify=cluster.ca)  # the key, the CA, no certificate
+        assert refused_by_tls(f"{server}/v1/models", verify=cluster.ca, cert=intruder)  # another CA's certificate
+    rows.append(("the node, the client key, a certificate of another CA", "no HTTP answer"))
+    assert cluster.served(cluster.node_url) + cluster.served(cluster.head_server_url) == served  # nothing ran
+    # The same request from a machine of the cluster goes through: it is the certificate that was missing.
+    assert requests.get(f"{cluster.node_url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=20,
+                        **cluster.machine_tls).status_code == 200
+    print("\n[tls] what is refused, and what the client says\n" + "\n".join(f"{what:68} {said}" for what, said in rows))
+
+
+def test_a_server_whose_certificate_comes_from_another_ca_is_never_added(cluster: Cluster, tmp_path: Path):
+    """A server added with the admin key but holding no certificate of the cluster's CA: the gateway
+    refuses its certificate, never lists it, and sends it no request (so no client key)."""
+    other = tmp_path / "other-certs"
+    made = subprocess.run([PYTHON, str(ROOT / "scripts" / "make_certs.py"), "--out", str(other), "impostor=127.0.0.1"],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(other / "impostor" / "cert.pem", other / "impostor" / "key.pem")
+    model = {"data": [{"id": "lightonocr-tiny", "object": "model", "max_model_len": TEST_MAX_MODEL_LEN}]}
+    with StandIn(lambda method, path, key: (200, json.dumps(model) if path == "/v1/models" else "{}",
+                                            {"Content-Type": "application/json"}), tls=context) as impostor:
+        with pytest.raises(GatewayUnreachable, match="has not added it"):
+            cluster.gateway.add(impostor.url, wait_s=20)
+        assert impostor.url not in cluster.members()
+        assert impostor.seen == []  # no request got through the handshake: no key left the gateway
+    assert sorted(cluster.members()) == sorted([cluster.head_server_url, cluster.node_url])
+
+
+def test_the_page_over_https_in_a_browser(cluster: Cluster):
+    """The head's page in Chromium over HTTPS: it trusts the head's certificate by its public key
+    (an SPKI pin, as a browser that imported the cluster's CA would trust it; nothing is turned
+    off: without the pin the page is refused, ERR_CERT_AUTHORITY_INVALID)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from playwright.sync_api import expect, sync_playwright
+
+    from ocr_bundle.samples import sample_path
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, upload
+
+    head = x509.load_pem_x509_certificate((cluster.certs / "head" / "cert.pem").read_bytes())
+    pin = base64.b64encode(hashlib.sha256(head.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).digest()).decode()
+    url = f"https://127.0.0.1:{cluster.head.env['UI_PORT']}"
+    with sync_playwright() as playwright:
+        for pinned in (False, True):
+            args = [*CHROMIUM_ARGS, *([f"--ignore-certificate-errors-spki-list={pin}"] if pinned else [])]
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                if not pinned:
+                    with pytest.raises(Exception, match="ERR_CERT_AUTHORITY_INVALID"):
+                        page.goto(url)
+                    continue
+                page.goto(url, wait_until="networkidle")
+                expect(page.locator("#server-status")).to_contain_text("lightonocr-tiny", timeout=30_000)
+                page.get_by_text("Settings").click()
+                budget = page.locator("#max-tokens input[type=number]")
+                budget.fill("16")  # the slider's least
+                budget.press("Enter")
+                expect(page.locator("#max-tokens input[type=range]")).to_have_value("16")
+                upload(page, sample_path("table_screenshot.png"))
+                page.locator("#extract").click()
+                expect(page.locator("#stats")).to_contain_text("output tokens", timeout=120_000)
+            finally:
+                browser.close()
 
 
 def command_lines() -> list[str]:
@@ -277,7 +435,7 @@ def test_no_key_is_written_anywhere_nor_on_a_command_line(cluster: Cluster, tmp_
     service of both machines: nothing they wrote, and no command line, holds either key."""
     env = {**os.environ, "VLLM_API_KEY": KEY}
     url = cluster.gateway_url
-    common = ["--max-tokens", "8", "--quiet"]
+    common = ["--max-tokens", "8", "--quiet", "--ca-cert", cluster.ca]
     runs = {
         "batch": [PYTHON, str(ROOT / "batch_ocr.py"), str(a_pdf(tmp_path / "doc.pdf", 3)), "--url", url,
                   "--out", str(tmp_path / "batch"), "--max-attempts", "1", *common],
@@ -300,7 +458,8 @@ def test_no_key_is_written_anywhere_nor_on_a_command_line(cluster: Cluster, tmp_
 
     from ocr_bundle.samples import sample_path
 
-    page = Client(f"http://127.0.0.1:{cluster.head.env['UI_PORT']}", verbose=False)
+    page = Client(f"https://127.0.0.1:{cluster.head.env['UI_PORT']}", verbose=False,
+                  ssl_verify=ssl.create_default_context(cafile=cluster.ca))
     stats = page.predict(handle_file(str(sample_path("table_screenshot.png"))), 1, False, 16, 0.2, "PNG",
                          api_name="/extract")[2]
     assert "output tokens" in stats
@@ -319,7 +478,7 @@ def test_a_batch_survives_a_server_killed_mid_run_and_the_server_rejoins(cluster
     pages = 40
     pdf = a_pdf(tmp_path / "doc.pdf", pages)
     counted_before = gateway_counters(cluster.metrics_url)
-    served_before = server_requests(cluster.node_url)
+    served_before = cluster.served(cluster.node_url)
     started = time.monotonic()
     run = batch(cluster, pdf, tmp_path / "out")
     killed_at = kill_once_serving(cluster, served_before)
@@ -336,10 +495,10 @@ def test_a_batch_survives_a_server_killed_mid_run_and_the_server_rejoins(cluster
     wait_for(lambda: cluster.node_url not in cluster.members(), 30, "the killed server to leave the pool")
 
     rejoin_s = restart_node(cluster)
-    before = server_requests(cluster.node_url)
+    before = cluster.served(cluster.node_url)
     second = batch(cluster, a_pdf(tmp_path / "again.pdf", 8), tmp_path / "again")
     assert second.communicate(timeout=300)[0] is not None and second.returncode == 0
-    took = server_requests(cluster.node_url) - before
+    took = cluster.served(cluster.node_url) - before
     print(f"[failover] restarted server back in the pool {rejoin_s:.1f} s after its start script began; "
           f"it answered {took:.0f} of the next 8 pages")
     assert took >= 2  # round robin: about half
@@ -347,9 +506,10 @@ def test_a_batch_survives_a_server_killed_mid_run_and_the_server_rejoins(cluster
 
 def test_a_stress_run_accounts_for_every_request_when_a_server_dies(cluster: Cluster, tmp_path: Path):
     requests_sent = 40
-    served_before = server_requests(cluster.node_url)
+    served_before = cluster.served(cluster.node_url)
     run = subprocess.Popen(
-        [PYTHON, str(ROOT / "stress_test.py"), "--url", cluster.gateway_url, "--concurrency", "4", "--requests",
+        [PYTHON, str(ROOT / "stress_test.py"), "--url", cluster.gateway_url, "--ca-cert", cluster.ca,
+         "--concurrency", "4", "--requests",
          str(requests_sent), "--warmup", "0", "--max-tokens", "24", "--no-stream", "--quiet", "--out",
          str(tmp_path / "report"), "--router-metrics", cluster.metrics_url],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, "VLLM_API_KEY": KEY})
@@ -374,9 +534,9 @@ def test_a_stress_run_accounts_for_every_request_when_a_server_dies(cluster: Clu
 
 def test_a_server_stopped_by_its_script_leaves_the_gateway_and_fails_no_request(cluster: Cluster, tmp_path: Path):
     pages = 24
-    served_before = server_requests(cluster.node_url)
+    served_before = cluster.served(cluster.node_url)
     run = batch(cluster, a_pdf(tmp_path / "doc.pdf", pages), tmp_path / "out")
-    wait_for(lambda: server_requests(cluster.node_url) >= served_before + 2, 300, "the joined server to take work")
+    wait_for(lambda: cluster.served(cluster.node_url) >= served_before + 2, 300, "the joined server to take work")
     stopped = cluster.node.script("stop_optimized.sh")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "left the gateway" in (cluster.node.run_dir / "membership.log").read_text()
@@ -393,7 +553,7 @@ def test_a_server_started_and_stopped_by_its_scripts_during_a_batch_fails_no_pag
     assert cluster.node.script("stop_optimized.sh").returncode == 0  # stopped already after the previous test
     run = batch(cluster, a_pdf(tmp_path / "doc.pdf", 4000), tmp_path / "out", concurrency=2)
     rejoin_s = restart_node(cluster)
-    wait_for(lambda: server_requests(cluster.node_url) >= 3, 120, "the restarted server to take work")
+    wait_for(lambda: cluster.served(cluster.node_url) >= 3, 120, "the restarted server to take work")
     stopped = cluster.node.script("stop_optimized.sh")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert run.poll() is None, "the batch ended before the node's stop: nothing was tested"

@@ -129,10 +129,11 @@ def test_start_health_page_stop_cycle(lifecycle_env):
 
 def test_bad_model_fails_fast_with_the_log_and_leaves_nothing(lifecycle_env, tmp_path):
     env = {**lifecycle_env, "MODEL": str(tmp_path / "no-such-model"), "HOST": "0.0.0.0", "ALLOW_OPEN_API": "1",
-           "UI_AUTH": "none"}
+           "UI_AUTH": "none", "ALLOW_PLAINTEXT": "1"}
     done = script("start_optimized.sh", env, timeout=120)
     assert done.returncode != 0
     assert "WARNING: the vLLM API on 0.0.0.0 has no API key, on purpose (ALLOW_OPEN_API)" in done.stderr
+    assert "WARNING: the vLLM API on 0.0.0.0 serves plain HTTP, on purpose (ALLOW_PLAINTEXT=1)" in done.stderr
     assert "last lines of" in done.stderr and "does not exist" in done.stderr
     assert "nothing left running" in done.stderr
     assert not (Path(env["RUN_DIR"]) / "vllm.pid").exists()

@@ -101,7 +101,7 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
                              "respected; 1 keeps one GPU). --max-pages-in-flight, --max-num-seqs, "
                              "--gpu-memory-utilization and the KV cache apply to each replica")
     parser.add_argument("--join", default=env_default("JOIN"),
-                        help="the gateway (head) this server joins, e.g. http://10.0.0.1:8000 (env JOIN; the start "
+                        help="the gateway (head) this server joins, e.g. https://10.0.0.1:8000 (env JOIN; the start "
                              "script adds it to the gateway's pool once ready). A joining server needs VLLM_API_KEY "
                              "with no opt-out, and an address the gateway can reach")
     parser.add_argument("--tls-cert", default=env_default(tls.CERT_ENV),
