@@ -157,6 +157,10 @@ def explain(exc: BaseException, url: str, trust: Trust) -> str | None:
     if "CERTIFICATE_REQUIRED" in reason or "HANDSHAKE_FAILURE" in reason or "UNKNOWN_CA" in reason:
         return (f"TLS: {url} requires a client certificate signed by its cluster's CA: a server behind a gateway "
                 "accepts the gateway only. Send requests to the gateway")
+    if isinstance(error, ssl.SSLEOFError) or "EOF" in reason:  # the server hung up mid-handshake
+        return (f"TLS: {url} ended the connection during the handshake: it requires a client certificate signed "
+                "by its cluster's CA (a server behind a gateway accepts the gateway only: send requests to the "
+                "gateway), or it is stopping")
     return f"TLS: the connection to {url} failed ({error.reason or error}). {trusted}"
 
 

@@ -347,7 +347,7 @@ def test_what_tls_refuses(cluster: Cluster, tmp_path: Path):
     assert wrong_ca.returncode == 2 and f"the CA file {other / 'ca.pem'} (from --ca-cert)" in wrong_ca.stderr
     rows.append(("batch_ocr.py --ca-cert <another CA>", wrong_ca.stderr.strip().splitlines()[-1]))
     direct = converter(cluster.node_url, tmp_path / "direct", "--ca-cert", cluster.ca)
-    assert direct.returncode == 2 and "Send requests to the gateway" in direct.stderr, direct.stderr
+    assert direct.returncode == 2 and "end requests to the gateway" in direct.stderr, direct.stderr
     rows.append(("batch_ocr.py --url <node>, the client key, no client certificate",
                  direct.stderr.strip().splitlines()[-1]))
     for server in (cluster.node_url, cluster.head_server_url):
