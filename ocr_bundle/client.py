@@ -364,7 +364,8 @@ class OcrClient:
         yield result
 
     def _transport_message(self, exc: requests.RequestException, mid_stream: bool = False) -> str:
-        return tls.explain(exc, self.base_url, self.trust) or _transport_message(exc, self.base_url, mid_stream)
+        explained = None if mid_stream else tls.explain(exc, self.base_url, self.trust)  # a TLS lost mid-answer is a break
+        return explained or _transport_message(exc, self.base_url, mid_stream)
 
     def ocr(self, image_url: str, **kwargs) -> OcrResult:
         """Run one page to completion (streaming under the hood, for TTFT)."""

@@ -111,9 +111,8 @@ def expired_certificate(tmp_path: Path, ca_dir: Path) -> tuple[str, str]:
     ca = x509.load_pem_x509_certificate((ca_dir / "ca.pem").read_bytes())
     ca_key = serialization.load_pem_private_key((ca_dir / "ca-key.pem").read_bytes(), password=None)
     then = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=3)
-    certificate, key = make_certificate = make_certs.make_machine_certificate(
-        make_certs.parse_machine("old=127.0.0.1"), ca, ca_key, 2, then)
-    assert make_certificate
+    certificate, key = make_certs.make_machine_certificate(make_certs.parse_machine("old=127.0.0.1"), ca, ca_key, 2,
+                                                           then)
     make_certs.write_file(tmp_path / "old.pem", make_certs.certificate_pem(certificate), 0o644)
     make_certs.write_file(tmp_path / "old-key.pem", make_certs.key_pem(key), 0o600)
     return str(tmp_path / "old.pem"), str(tmp_path / "old-key.pem")
