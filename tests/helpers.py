@@ -98,3 +98,11 @@ def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.1):
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def made_certs(out: Path, *machines: str) -> Path:
+    """scripts/make_certs.py as a user runs it: the cluster's CA in `out`, a folder per NAME=ADDRESS."""
+    done = subprocess.run([PYTHON, str(ROOT / "scripts" / "make_certs.py"), "--out", str(out), *machines],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return out

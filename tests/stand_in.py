@@ -55,3 +55,14 @@ class StandIn:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def https_context(folder, ca=None) -> ssl.SSLContext:
+    """A stand-in's server context with a machine's certificate (make_certs.py's folder); with `ca`,
+    client certificates signed by it are required."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(folder / "cert.pem", folder / "key.pem")
+    if ca is not None:
+        context.load_verify_locations(ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context

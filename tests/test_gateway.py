@@ -31,13 +31,13 @@ import requests
 from PIL import Image
 
 from conftest import TEST_MAX_MODEL_LEN
-from helpers import PYTHON, ROOT, free_port, server_requests, wait_for
+from helpers import PYTHON, ROOT, free_port, made_certs, server_requests, wait_for
 from ocr_bundle.loadtest.pollers import gateway_counters
 from ocr_bundle import tls
 from ocr_bundle.serve.membership import Gateway, GatewayUnreachable
 from ocr_bundle.serve.processes import Service, read_pid_file
 from ocr_bundle.serve.route_keys import OPEN_PATHS
-from stand_in import StandIn
+from stand_in import StandIn, https_context
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_pdf import image_pdf, jpeg_of  # noqa: E402
@@ -148,10 +148,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("cluster")
-    certs = root / "certs"
-    made = subprocess.run([PYTHON, str(ROOT / "scripts" / "make_certs.py"), "--out", str(certs), "head=127.0.0.1",
-                           "node=127.0.0.1"], capture_output=True, text=True, timeout=60)
-    assert made.returncode == 0, made.stderr
+    certs = made_certs(root / "certs", "head=127.0.0.1", "node=127.0.0.1")
     gateway_port, server_port, node_port, metrics_port = (free_port() for _ in range(4))
     common = {"MODEL": str(tiny_checkpoint), "PYTHON": PYTHON, "VLLM_API_KEY": KEY, "ROUTER_ADMIN_KEY": ADMIN_KEY,
               "HOST": "127.0.0.1", "STOP_GRACE": "20", "UI_AUTH": "", "VLLM_CA_CERT": ""}
@@ -327,10 +324,7 @@ def test_what_tls_refuses(cluster: Cluster, tmp_path: Path):
     """The refusal table: plain HTTP to every port, a client without the CA or with another one,
     the client key sent straight to a server without the cluster's client certificate. Each
     refusal leaves the servers untouched and is explained to the person who ran the client."""
-    other = tmp_path / "other-certs"
-    made = subprocess.run([PYTHON, str(ROOT / "scripts" / "make_certs.py"), "--out", str(other), "intruder=127.0.0.1"],
-                          capture_output=True, text=True, timeout=60)
-    assert made.returncode == 0, made.stderr
+    other = made_certs(tmp_path / "other-certs", "intruder=127.0.0.1")
     intruder = (str(other / "intruder" / "cert.pem"), str(other / "intruder" / "key.pem"))
     page_url = f"https://127.0.0.1:{cluster.head.env['UI_PORT']}"
     served = cluster.served(cluster.node_url) + cluster.served(cluster.head_server_url)
@@ -366,12 +360,7 @@ def test_what_tls_refuses(cluster: Cluster, tmp_path: Path):
 def test_a_server_whose_certificate_comes_from_another_ca_is_never_added(cluster: Cluster, tmp_path: Path):
     """A server added with the admin key but holding no certificate of the cluster's CA: the gateway
     refuses its certificate, never lists it, and sends it no request (so no client key)."""
-    other = tmp_path / "other-certs"
-    made = subprocess.run([PYTHON, str(ROOT / "scripts" / "make_certs.py"), "--out", str(other), "impostor=127.0.0.1"],
-                          capture_output=True, text=True, timeout=60)
-    assert made.returncode == 0, made.stderr
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(other / "impostor" / "cert.pem", other / "impostor" / "key.pem")
+    context = https_context(made_certs(tmp_path / "other-certs", "impostor=127.0.0.1") / "impostor")
     model = {"data": [{"id": "lightonocr-tiny", "object": "model", "max_model_len": TEST_MAX_MODEL_LEN}]}
     with StandIn(lambda method, path, key: (200, json.dumps(model) if path == "/v1/models" else "{}",
                                             {"Content-Type": "application/json"}), tls=context) as impostor:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, ROOT
+from helpers import PYTHON, ROOT, made_certs
 from ocr_bundle.serve import launch as launcher
 
 
@@ -276,10 +276,7 @@ def test_a_joining_server_beyond_loopback_needs_the_key_with_no_opt_out(two_gpus
 
 
 def test_tls_serves_https_and_behind_a_gateway_requires_the_gateways_certificate(two_gpus, tmp_path):
-    made = subprocess.run([PYTHON, str(ROOT / "scripts" / "make_certs.py"), "--out", str(tmp_path), "node=10.0.0.2"],
-                          capture_output=True, text=True, timeout=60)
-    assert made.returncode == 0, made.stderr
-    node = tmp_path / "node"
+    node = made_certs(tmp_path, "node=10.0.0.2") / "node"
     tls_env = {**two_gpus, "VLLM_API_KEY": "s3cret", "TLS_CERT": str(node / "cert.pem"),
                "TLS_KEY": str(node / "key.pem"), "TLS_CA": str(node / "ca.pem")}
     plain = dry_run_gpu({**two_gpus, "VLLM_API_KEY": "s3cret"}, "--host", "0.0.0.0")

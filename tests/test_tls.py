@@ -24,7 +24,7 @@ from ocr_bundle.client import OcrClient, ServerUnusable, connect
 from ocr_bundle.exposure import check
 from ocr_bundle.serve.membership import Gateway, GatewayRefused, preflight
 from ocr_bundle.serve.processes import NotReady, wait_ready
-from stand_in import StandIn
+from stand_in import StandIn, https_context
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_certs  # noqa: E402
@@ -192,16 +192,6 @@ def test_a_clients_trust_comes_from_the_flag_then_the_environment(cluster_certs,
         connect("https://127.0.0.1:9", None, None, ca_cert="/nowhere/ca.pem")
 
 
-def server_context(folder: Path, ca: Path | None = None) -> ssl.SSLContext:
-    """An HTTPS server's context with a machine's certificate; with `ca`, client certificates required."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(folder / "cert.pem", folder / "key.pem")
-    if ca is not None:
-        context.load_verify_locations(ca)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
-
-
 def models(method: str, path: str, key: str | None) -> tuple[int, str, dict]:
     if path == "/v1/models":
         return 200, '{"data": [{"id": "m", "max_model_len": 4096}]}', {"Content-Type": "application/json"}
@@ -210,7 +200,7 @@ def models(method: str, path: str, key: str | None) -> tuple[int, str, dict]:
 
 def test_every_client_explains_a_certificate_it_cannot_verify(cluster_certs, other_ca):
     ca = str(cluster_certs / "ca.pem")
-    with StandIn(models, tls=server_context(cluster_certs / "node1")) as server:
+    with StandIn(models, tls=https_context(cluster_certs / "node1")) as server:
         assert OcrClient(server.url, trust=tls.Trust(ca, "--ca-cert")).status().models == ("m",)
         for trust, expected in ((tls.Trust(), "not signed by a CA this client trusts"),
                                 (tls.Trust(str(other_ca / "ca.pem"), "VLLM_CA_CERT"), "not signed by a CA")):
@@ -224,7 +214,7 @@ def test_every_client_explains_a_certificate_it_cannot_verify(cluster_certs, oth
             wait_ready(f"{server.url}/health", lambda: True, 60, trust=tls.Trust(str(other_ca / "ca.pem"), "TLS_CA"))
         assert wait_ready(f"{server.url}/health", lambda: True, 10, trust=tls.Trust(ca, "TLS_CA")) < 10
     # Its certificate names 127.0.0.1, ::1 and localhost: served at 127.0.0.2, it is refused by name.
-    with StandIn(models, tls=server_context(cluster_certs / "node1"), host="127.0.0.2") as elsewhere:
+    with StandIn(models, tls=https_context(cluster_certs / "node1"), host="127.0.0.2") as elsewhere:
         error = OcrClient(elsewhere.url, trust=tls.Trust(ca, "--ca-cert")).status().error
         assert "does not name the host in the URL" in error and "127.0.0.2" in error, error
 
@@ -242,7 +232,7 @@ def test_a_client_names_an_expired_certificate(cluster_certs, tmp_path):
 
 def test_a_server_that_requires_a_client_certificate_accepts_the_clusters_only(cluster_certs, other_ca):
     ca = cluster_certs / "ca.pem"
-    with StandIn(models, tls=server_context(cluster_certs / "node1", ca)) as server:
+    with StandIn(models, tls=https_context(cluster_certs / "node1", ca)) as server:
         head = cluster_certs / "head"
         gateway_like = tls.Trust(str(ca), "TLS_CA", str(head / "cert.pem"), str(head / "key.pem"))
         assert OcrClient(server.url, trust=gateway_like).status().reachable
@@ -260,7 +250,7 @@ def test_a_server_that_requires_a_client_certificate_accepts_the_clusters_only(c
 def test_joining_refuses_a_gateway_whose_certificate_does_not_verify_before_sending_a_key(cluster_certs, other_ca):
     node = cluster_certs / "node1"
     trust = tls.Trust(str(node / "ca.pem"), "TLS_CA", str(node / "cert.pem"), str(node / "key.pem"))
-    with StandIn(models, tls=server_context(other_ca / "intruder")) as impostor:
+    with StandIn(models, tls=https_context(other_ca / "intruder")) as impostor:
         with pytest.raises(GatewayRefused, match="not signed by a CA this client trusts"):
             preflight(Gateway(impostor.url, "admin-key", "client-key", trust=trust), "https://10.0.0.2:8000")
         assert impostor.seen == []  # no request, so no key, reached it
