@@ -86,6 +86,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.needs_vllm]
 @dataclass
 class Node:
     env: dict[str, str]
+    cpus: set[int] | None = None  # the machine's cores: its scripts and everything they start run there
+
+    def _on_its_cores(self) -> None:
+        if self.cpus is not None:
+            os.sched_setaffinity(0, self.cpus)
 
     @property
     def run_dir(self) -> Path:
@@ -94,11 +99,12 @@ class Node:
     def script(self, name: str, timeout: float = 600) -> subprocess.CompletedProcess:
         argv = SERVER_ARGS if name == "start_optimized.sh" else ()
         return subprocess.run([str(ROOT / name), *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                              env={**os.environ, **self.env})
+                              env={**os.environ, **self.env}, preexec_fn=self._on_its_cores)
 
     def start(self) -> subprocess.Popen:
         return subprocess.Popen([str(ROOT / "start_optimized.sh"), *SERVER_ARGS], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, **self.env})
+                                stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, **self.env},
+                                preexec_fn=self._on_its_cores)
 
     def service(self, name: str) -> Service | None:
         return read_pid_file(self.run_dir / f"{name}.pid")
@@ -158,13 +164,15 @@ def cluster(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
                 "TLS_CA": str(certs / name / "ca.pem")}
 
     # Two machines on 2 cores: each engine on a core of its own (vLLM's CPU backend binds every engine to
-    # core 0 by default, and a node starting beside a busy head then waits minutes for it).
+    # core 0 by default, and a node starting beside a busy head then waits minutes for it), and the node's
+    # whole process tree on its core: a CI run saw the restarted node's API server confined to core 0,
+    # beside the head's busy engine, and not ready after 15 minutes.
     head = Node({**common, **machine("head"), "VLLM_CPU_OMP_THREADS_BIND": "0", "RUN_DIR": str(root / "head"),
                  "ROUTER": "on",
                  "PORT": str(gateway_port), "SERVER_PORT": str(server_port), "UI_PORT": str(free_port()),
                  "UI_HOST": "127.0.0.1", "ROUTER_METRICS_PORT": str(metrics_port)})
     node = Node({**common, **machine("node"), "VLLM_CPU_OMP_THREADS_BIND": "1", "RUN_DIR": str(root / "node"),
-                 "PORT": str(node_port), "JOIN": f"https://127.0.0.1:{gateway_port}"})
+                 "PORT": str(node_port), "JOIN": f"https://127.0.0.1:{gateway_port}"}, cpus={1})
     # Both at once, as two machines would: the node keeps trying until the head's gateway answers.
     starts = [head.start(), node.start()]
     outputs = [start.communicate(timeout=900)[0] for start in starts]
@@ -214,9 +222,25 @@ def restart_node(cluster: Cluster) -> float:
     # The start script's own limit (STARTUP_TIMEOUT, 900 s) bounds it: on 2 cores busy with a batch, a
     # CI run once saw the node's engine process take 9 minutes to start.
     started = cluster.node.script("start_optimized.sh", timeout=960)
-    assert started.returncode == 0, started.stdout + started.stderr
+    assert started.returncode == 0, started.stdout + started.stderr + machine_state()
     wait_for(lambda: cluster.node_url in cluster.members(), 30, "the restarted server to rejoin")
     return time.monotonic() - start
+
+
+def machine_state() -> str:
+    """What a failed start met: free memory, and every process confined to some cores or not running."""
+    lines = [next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemAvailable"))]
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            command = (status.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+        except OSError:
+            continue
+        confined = fields.get("Cpus_allowed_list", "").strip() != f"0-{os.cpu_count() - 1}"
+        if command and (confined or fields.get("State", "")[:1] in "DZ"):
+            lines.append(f"{status.parent.name} {fields['State'].strip()} cpus={fields['Cpus_allowed_list'].strip()} "
+                         f"rss={fields.get('VmRSS', '-').strip()} {command}")
+    return "\n---- machine ----\n" + "\n".join(lines)
 
 
 def vllm_routes(log: Path) -> list[tuple[str, str]]:
