@@ -23,9 +23,21 @@ and block size, as the server reports them) and the client's (--max-tokens, --dp
 --temperature, --max-attempts). Rerun the same command to resume; a run into a LABEL folder
 made under another profile is refused (give each profile its own --label).
 
+The overall score is reported with and without the headers_footers category: LightOn's
+published figure for LightOnOCR-2-1B (83.2) leaves it out (the model keeps all visible text
+by design, the category's tests ask for headers and footers to be dropped).
+
+A comparison needs both runs complete: a page that failed or was never converted (an
+outage, a server restarting) is not an accuracy loss, so comparing runs with missing pages
+is refused (exit 2: rerun to complete them) unless --allow-missing, which compares only the
+tests of pages both runs converted and says how many. Behind a gateway, every server's
+profile is read from the gateway's /engine_metrics and recorded; a fleet of mixed profiles
+is refused (a run measures one profile).
+
 Exit status: 0 scored (and, in a comparison, no category worse); 1 a comparison found the
 second profile worse; 2 the run cannot start (no benchmark, no scorer, no server, a label
-taken by another profile); 130 interrupted (rerun to resume). Precedence: flags > environment
+taken by another profile, a mixed fleet) or cannot be compared (pages missing);
+130 interrupted (rerun to resume). Precedence: flags > environment
 (VLLM_URL, VLLM_API_KEY, VLLM_MODEL) > defaults.
 """
 
@@ -41,7 +53,7 @@ from pathlib import Path
 
 from ocr_bundle.client import OcrClient, ServerUnusable, connect
 from ocr_bundle.quality.bench import PDFS, Bench, BenchError, load_bench, prepare_score_folder, write_candidate
-from ocr_bundle.quality.compare import compare
+from ocr_bundle.quality.compare import NotComparable, compare, complete_pairs
 from ocr_bundle.quality.convert import ClientSettings, convert_repeat, converted_pages
 from ocr_bundle.quality.profile import check_and_record, server_profile
 from ocr_bundle.quality.report import (comparison_table, conversion_note, describe_run, score_table, scorer_warning,
@@ -73,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the second server's label (default 'compare')")
     parser.add_argument("--compare", type=Path, default=None, metavar="RESULTS",
                         help="an earlier run to compare with: its results.json or its label folder")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="compare runs that have pages missing (failed or not converted), on the tests of the "
+                             "pages both converted; without it such a comparison is refused (exit 2)")
     parser.add_argument("--repeats", type=positive_int, default=1,
                         help="conversions per page (default 1); a test passes when most of its repeats pass. With "
                              "sampled decoding, 3 or more measure the sampling's spread too")
@@ -129,6 +144,7 @@ def run_profile(args: argparse.Namespace, bench: Bench, name: str, client: OcrCl
         "server": server, "client": asdict(settings), "repeats": args.repeats,
         "conversion": {"pages_missing": missing, "converter_exit_status": statuses},
         "score_folder": str(score_dir), "score": score.as_dict(),
+        "overall_without_headers_footers": score.overall_without(),
     }
     write_results(run, results)
     return results
@@ -166,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         except ServerUnusable as exc:
             return fail(str(exc))
         server = server_profile(client, status)
+        if server.get("mixed"):
+            return fail(f"{url} is a gateway to servers of different profiles ({server['mixed']}): a quality run "
+                        "measures one profile; check one server at a time, or make the fleet alike")
         if changed := check_and_record(args.out / name, {"server": server, "client": asdict(settings)}):
             return fail(f"{args.out / name} holds a run of another profile ({'; '.join(changed)}): give this one "
                         "another --label (or --out), or delete that folder to start it over")
@@ -185,7 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     if len(runs) < 2:
         return 0
     a, b = runs
-    comparison = compare(Score.from_dict(a["score"]), Score.from_dict(b["score"]), a["label"], b["label"])
+    try:
+        score_a, score_b, note = complete_pairs(Score.from_dict(a["score"]), Score.from_dict(b["score"]),
+                                                a["label"], b["label"], args.allow_missing)
+    except NotComparable as exc:
+        print(f"error: not compared: {exc}", file=sys.stderr)
+        return 2
+    if note:
+        print(note)
+    comparison = compare(score_a, score_b, a["label"], b["label"])
     write_comparison(args.out, comparison, a, b)
     print(f"\n{b['label']} against {a['label']} (paired, the interval is that of the difference):")
     print(comparison_table(comparison))

@@ -19,10 +19,13 @@ import pytest
 from helpers import PYTHON, ROOT, server_requests
 from ocr_bundle.batch.manifest import ConversionSettings, DocumentOutput
 from ocr_bundle.quality.bench import BenchError, candidate_name, load_bench, prepare_score_folder, write_candidate
-from ocr_bundle.quality.compare import compare, percentile, verdict
+from ocr_bundle.client import OcrClient, ServerStatus
+from ocr_bundle.quality.compare import NotComparable, compare, complete_pairs, percentile, verdict
 from ocr_bundle.quality.convert import converted_pages, repeat_folder
-from ocr_bundle.quality.profile import check_and_record
-from ocr_bundle.quality.scoring import CategoryScore, Score, Outcome
+from ocr_bundle.quality.profile import check_and_record, server_profile
+from ocr_bundle.quality.report import score_table
+from ocr_bundle.quality.scoring import MISSING_PAGE, CategoryScore, Score, Outcome
+from stand_in import StandIn
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_bench  # noqa: E402
@@ -32,7 +35,7 @@ needs_olmocr = pytest.mark.needs_olmocr
 
 def score_of(results: dict[str, list[bool]]) -> Score:
     """A Score from {category: [passed, ...]} (test ids category_i)."""
-    tests = [Outcome(f"{category}_{i}", "x.pdf", 1, "present", category, passed, "")
+    tests = [Outcome(f"{category}_{i}", f"{category}_{i}.pdf", 1, "present", category, passed, "")
              for category, outcomes in results.items() for i, passed in enumerate(outcomes)]
     categories = [CategoryScore(c, len(o), sum(o), 100 * sum(o) / len(o), 0, 100) for c, o in results.items()]
     return Score(sum(c.score for c in categories) / len(categories), 0, 100, categories, tests, 0, [], "test")
@@ -83,6 +86,70 @@ def test_tests_or_categories_in_one_run_only_are_left_out_and_said():
     assert [r.category for r in comparison.rows] == ["text", "overall"]
     assert comparison.rows[0].tests == 3
     assert comparison.only_in_one == ["math", "3 test(s) in one run only, e.g. math_0"]
+
+
+def test_overall_is_reported_with_and_without_headers_footers_as_lighton_publishes_it():
+    a = score_of({"text": [True] * 4, "headers_footers": [False] * 2, "tables": [True, False]})
+    assert a.overall == 50.0 and a.overall_without() == 75.0
+    table = score_table(a)
+    assert "overall without headers_footers (LightOn's published 83.2 for LightOnOCR-2-1B is this figure)" in table
+    assert re.search(r"overall without headers_footers .*  6 +5 +75\.0", table), table
+    b = score_of({"text": [True] * 4, "headers_footers": [True] * 2, "tables": [True, False]})
+    rows = {r.category: r for r in compare(a, b, "a", "b").rows}
+    assert rows["overall"].delta == pytest.approx(100 / 3) and rows["overall without headers_footers"].delta == 0.0
+    assert score_of({"text": [True]}).overall_without() is None  # nothing to leave out
+    assert "overall without" not in score_table(score_of({"text": [True]}))
+
+
+def with_missing_page(score: Score) -> Score:
+    """`score` with its first test's page missing, failed as olmocr records a page with no Markdown."""
+    return Score(score.overall, score.low, score.high, score.categories,
+                 [Outcome(t.id, t.pdf, t.page, t.type, t.category, False, MISSING_PAGE) if i == 0 else t
+                  for i, t in enumerate(score.tests)], 1, [], "test")
+
+
+def test_runs_with_missing_pages_are_compared_only_when_allowed_and_on_what_both_have():
+    full = score_of({"text": [True] * 10})
+    outage = with_missing_page(score_of({"text": [True] * 10}))
+    with pytest.raises(NotComparable, match=r"b: 1 page\(s\) missing .*rerun to complete them"):
+        complete_pairs(full, outage, "a", "b", allow_missing=False)
+    a, b, note = complete_pairs(full, outage, "a", "b", allow_missing=True)
+    assert note == "--allow-missing: comparing 9 of 10 tests, those of the pages both runs converted (1 page(s) left out)"
+    assert compare(a, b, "a", "b").rows[0].verdict == "no worse within the interval"  # not "worse": nothing was lost
+    assert complete_pairs(full, full, "a", "b", allow_missing=False) == (full, full, None)
+
+
+def cache_info(dtype: str, server: str | None = None) -> str:
+    labels = f'block_size="16",cache_dtype="{dtype}"' + (f',worker_addr="{server}"' if server else "")
+    return f"vllm:cache_config_info{{{labels}}} 1.0\n"
+
+
+@pytest.mark.parametrize("fleet, mixed", [(("auto", "auto"), False), (("auto", "fp8"), True)])
+def test_behind_a_gateway_every_servers_profile_is_recorded_and_a_mixed_fleet_is_said(fleet, mixed):
+    engine_metrics = "".join(cache_info(dtype, f"http://10.0.0.{n}:8000") for n, dtype in enumerate(fleet, 1))
+
+    def gateway(method, path, key):  # SMG: no /metrics on its port; every server's on /engine_metrics
+        return (200, engine_metrics, {}) if path == "/engine_metrics" else (404, "", {})
+
+    with StandIn(gateway) as server:
+        profile = server_profile(OcrClient(server.url, model="m"), ServerStatus(reachable=True, models=("m",)))
+    assert set(profile["servers"]) == {"http://10.0.0.1:8000", "http://10.0.0.2:8000"}
+    if mixed:
+        assert profile["mixed"] == ("http://10.0.0.1:8000: kv_cache_dtype auto, kv_block_size 16; "
+                                    "http://10.0.0.2:8000: kv_cache_dtype fp8, kv_block_size 16")
+        assert profile["kv_cache_dtype"] is None
+    else:
+        assert "mixed" not in profile and profile["kv_cache_dtype"] == "auto" and profile["kv_block_size"] == "16"
+    with StandIn(lambda method, path, key: (200, cache_info("fp8"), {}) if path == "/metrics" else (404, "", {})) as one:
+        alone = server_profile(OcrClient(one.url, model="m"), ServerStatus(reachable=True, models=("m",)))
+    assert alone["kv_cache_dtype"] == "fp8" and "servers" not in alone
+
+
+def test_a_fleet_growing_between_two_resumes_is_the_same_profile(tmp_path: Path):
+    one = {"server": {"kv_cache_dtype": "auto", "servers": {"http://a": {"kv_cache_dtype": "auto"}}}}
+    two = {"server": {"kv_cache_dtype": "auto", "servers": {"http://a": {"kv_cache_dtype": "auto"},
+                                                           "http://b": {"kv_cache_dtype": "auto"}}}}
+    assert check_and_record(tmp_path, one) == [] and check_and_record(tmp_path, two) == []
 
 
 # ------------------------------------------------------------------ the benchmark folder and the profile

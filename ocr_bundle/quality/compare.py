@@ -15,9 +15,10 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from .scoring import Score
+from .scoring import HEADERS_FOOTERS, Score
 
 OVERALL = "overall"
+OVERALL_WITHOUT = f"overall without {HEADERS_FOOTERS}"  # the figure LightOn publishes
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,28 @@ class Comparison:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "worse": [row.category for row in self.worse]}
+
+
+class NotComparable(Exception):
+    """Two runs that cannot be compared as they are (pages missing); the message says what to do."""
+
+
+def complete_pairs(a: Score, b: Score, a_label: str, b_label: str, allow_missing: bool) -> tuple[Score, Score, str | None]:
+    """The two scores to compare, and a note when tests were left out. A page that failed or was
+    never converted (an outage) is not an accuracy loss: runs with missing pages are refused
+    (NotComparable) unless `allow_missing`, which keeps only the tests of pages both converted."""
+    missing = {a_label: a.missing(), b_label: b.missing()}
+    if not any(missing.values()):
+        return a, b, None
+    if not allow_missing:
+        raise NotComparable("; ".join(f"{label}: {len(pages)} page(s) missing (failed or not converted)"
+                                      for label, pages in missing.items() if pages)
+                            + ": rerun to complete them (a missing page is not an accuracy loss), or "
+                              "--allow-missing to compare only the pages both runs converted")
+    left_out = set().union(*missing.values())
+    kept_a, kept_b = a.without_pages(left_out), b.without_pages(left_out)
+    return kept_a, kept_b, (f"--allow-missing: comparing {len(kept_a.tests)} of {len(a.tests)} tests, those of the "
+                            f"pages both runs converted ({len(left_out)} page(s) left out)")
 
 
 def verdict(delta: float, low: float, high: float) -> str:
@@ -89,12 +112,17 @@ def compare(a: Score, b: Score, a_label: str, b_label: str, n_bootstrap: int = 1
         resampled.append(draws)
         rows.append(difference(category, n, 100 * sum(x for x, _ in pairs) / n, 100 * sum(y for _, y in pairs) / n,
                                draws, tail))
-    if rows:
-        # Overall: the mean of the categories' deltas, each category resampled on its own (draw k
-        # of every category makes overall draw k).
-        overall_draws = [sum(draws[k] for draws in resampled) / len(resampled) for k in range(n_bootstrap)]
-        rows.append(difference(OVERALL, sum(r.tests for r in rows), sum(r.a for r in rows) / len(rows),
-                               sum(r.b for r in rows) / len(rows), overall_draws, tail))
+    categories_rows = list(rows)
+    # Overall: the mean of the categories' deltas, each category resampled on its own (draw k of
+    # every category makes overall draw k); and the same without headers/footers.
+    for name, kept in ((OVERALL, categories), (OVERALL_WITHOUT, [c for c in categories if c != HEADERS_FOOTERS])):
+        if not kept or (name == OVERALL_WITHOUT and len(kept) == len(categories)):
+            continue
+        chosen = [i for i, category in enumerate(categories) if category in kept]
+        overall_draws = [sum(resampled[i][k] for i in chosen) / len(chosen) for k in range(n_bootstrap)]
+        picked = [categories_rows[i] for i in chosen]
+        rows.append(difference(name, sum(r.tests for r in picked), sum(r.a for r in picked) / len(picked),
+                               sum(r.b for r in picked) / len(picked), overall_draws, tail))
     missing_categories = sorted({t.category for t in a.tests} ^ {t.category for t in b.tests})
     return Comparison(a_label, b_label, rows, missing_categories + (
         [f"{len(only)} test(s) in one run only, e.g. {only[0]}"] if only else []))

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..files import atomic_write_json, atomic_write_text
 from ..tables import aligned, markdown
 from .compare import Comparison
-from .scoring import Score
+from .scoring import HEADERS_FOOTERS, LIGHTON_PUBLISHED, Score
 
 FAILURES_LISTED = 20
 
@@ -24,6 +24,11 @@ def score_rows(score: Score) -> tuple[list[str], list[list[str]]]:
     body.append(["overall (mean of categories)", str(sum(c.tests for c in score.categories)),
                  str(sum(c.passed for c in score.categories)), f"{score.overall:.1f}",
                  f"[{score.low:.1f}, {score.high:.1f}]"])
+    without = score.overall_without(HEADERS_FOOTERS)
+    if without is not None:
+        kept = [c for c in score.categories if c.name != HEADERS_FOOTERS]
+        body.append([f"overall without {HEADERS_FOOTERS} ({LIGHTON_PUBLISHED})", str(sum(c.tests for c in kept)),
+                     str(sum(c.passed for c in kept)), f"{without:.1f}", ""])
     return header, body
 
 
