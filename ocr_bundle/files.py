@@ -20,12 +20,28 @@ What that guarantees depends on `durable`:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
 from pathlib import Path
 
 PARTIAL_MARK = ".partial-"
+# A write that fails with one of these fails for every file that follows: stop, do not go on.
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make the names in `folder` (a file just created or renamed there) survive a power cut."""
+    handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = False) -> None:
@@ -57,7 +73,8 @@ def is_partial(path: Path) -> bool:
 
 
 def remove_partials(folder: Path) -> int:
-    """Delete temporary files a killed writer left in `folder` and below; how many."""
+    """Delete temporary files a killed writer left in `folder` and below; how many. Call it
+    only holding the folder's lock (ocr_bundle.batch.locking): a live writer's files look the same."""
     removed = 0
     if folder.is_dir():
         for path in folder.rglob(f".*{PARTIAL_MARK}*"):

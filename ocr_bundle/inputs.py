@@ -9,6 +9,7 @@ decides what it is.
 from __future__ import annotations
 
 import glob
+import hashlib
 import itertools
 import os
 from collections.abc import Callable, Iterator
@@ -75,6 +76,26 @@ def discover(sources: list[str | Path], recursive: bool = True) -> list[InputFil
         for item in items:
             found.setdefault(item.path.resolve(), item)
     return list(found.values())
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'2/3' → (2, 3): the second of three shards. Raises ValueError with a message."""
+    parts = text.split("/")
+    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+        raise ValueError(f"a shard is K/N, e.g. 2/3 (the second of three), not {text!r}")
+    index, count = int(parts[0]), int(parts[1])
+    if not 1 <= index <= count:
+        raise ValueError(f"shard {text}: K must be between 1 and N")
+    return index, count
+
+
+def in_shard(item: InputFile, index: int, count: int) -> bool:
+    """Is `item` in shard `index` of `count`? By its path relative to what was named, so the
+    same corpus splits the same way on every machine, whatever the order of the arguments or
+    where the corpus is mounted; inputs of the same relative path share a shard (their output
+    folders are numbered by one converter)."""
+    digest = hashlib.sha256(item.relative.as_posix().encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % count == index - 1
 
 
 def parse_page_ranges(text: str) -> list[tuple[int, int | None]]:

@@ -77,3 +77,19 @@ def vllm_server(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory)
 @pytest.fixture(scope="session")
 def reader_server(tmp_path_factory: pytest.TempPathFactory) -> Started:
     yield from serve(READER_CHECKPOINT, "lightonocr-reader", tmp_path_factory)
+
+
+@pytest.fixture
+def no_server_environment(monkeypatch):
+    """A client test against a stand-in: none of the user's VLLM_URL, VLLM_API_KEY, VLLM_MODEL."""
+    for name in ("VLLM_URL", "VLLM_API_KEY", "VLLM_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def server():
+    """The scripted stand-in for vLLM (scripted_server.py): answers what the test says."""
+    from scripted_server import ScriptedServer
+
+    with ScriptedServer() as running:
+        yield running

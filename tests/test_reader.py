@@ -151,6 +151,42 @@ def test_a_multi_page_tiff_is_read_page_by_page(reader_server, tmp_path: Path):
     assert document.index("page one 11") < document.index("page two 22") < document.index("page three 33")
 
 
+def test_three_shards_at_once_read_every_page_of_a_corpus_once(reader_server, tmp_path: Path):
+    """Three converters, one per shard as three machines would run them, at once on one output
+    tree over PDFs and TIFFs: every page read once (the server's count), and --status says so."""
+    inputs = tmp_path / "corpus"
+    texts = {}
+    for n in range(4):
+        lines = [f"doc {n} page {p}" for p in range(1, 4)]
+        (inputs / f"box{n % 2}").mkdir(parents=True, exist_ok=True)
+        (inputs / f"box{n % 2}" / f"doc{n}.pdf").write_bytes(pictures_pdf([jpeg_of(train_reader.render_line(line), 95)
+                                                                            for line in lines]))
+        texts[f"box{n % 2}/doc{n}.pdf"] = lines
+    for n in range(2):
+        lines = [f"fax {n} page {p}" for p in range(1, 3)]
+        frames = [train_reader.render_line(line).convert("L") for line in lines]
+        frames[0].save(inputs / f"fax{n}.tif", save_all=True, append_images=frames[1:])
+        texts[f"fax{n}.tif"] = lines
+    out = tmp_path / "out"
+    before = server_requests(reader_server.url)
+    shards = [subprocess.Popen([PYTHON, str(ROOT / "batch_ocr.py"), "--url", reader_server.url, str(inputs), "--out",
+                                str(out), "--shard", f"{k}/3", "--max-tokens", "64", "--temperature", "0",
+                                "--concurrency", "2", "--render-workers", "1", "--quiet"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               env={**os.environ, "VLLM_API_KEY": ""}) for k in (1, 2, 3)]
+    finished = [shard.communicate(timeout=600) for shard in shards]
+    for shard, (_, err) in zip(shards, finished):
+        assert shard.returncode == 0, err
+    assert sum(int(err.split("shard ")[1].split(": ")[1].split(" of ")[0]) for _, err in finished) == len(texts)
+    assert server_requests(reader_server.url) - before == 18  # every page once, none twice
+    for name, lines in texts.items():
+        for page, line in enumerate(lines, start=1):
+            assert (out / name / "pages" / f"{page:04d}.md").read_text().strip() == line
+    status = subprocess.run([PYTHON, str(ROOT / "batch_ocr.py"), "--status", str(out)], capture_output=True, text=True,
+                            cwd=ROOT, timeout=60)
+    assert status.returncode == 0 and "complete: every page of the 6 document(s) is done" in status.stdout, status.stdout
+
+
 def test_a_max_tokens_cut_takes_the_retry_path_with_the_real_text(reader_server, tmp_path: Path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "line.png").write_bytes(encode(train_reader.render_line(LINE)))

@@ -17,10 +17,7 @@ MISBEHAVIOUR = [Reply(), Reply(status=503, error="engine restarting"), Reply(act
                 Reply(action="malformed"), Reply(status=429, retry_after=1, error="too many requests")]
 
 
-@pytest.fixture(autouse=True)
-def no_server_environment(monkeypatch):
-    for name in ("VLLM_URL", "VLLM_API_KEY", "VLLM_MODEL"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_server_environment")
 
 
 def stress(url: str, out: Path, *argv: str) -> int:

@@ -1,8 +1,18 @@
-"""One converted document on disk: its folder, manifest and Markdown files.
+"""One converted document on disk: its folder, manifest, journal and Markdown files.
 
     ocr-out/<document>/manifest.json     what was done, page by page (status, attempts, tokens, errors)
+    ocr-out/<document>/journal.jsonl     pages finished since the manifest was last written
     ocr-out/<document>/pages/0001.md     one Markdown file per page
     ocr-out/<document>/<name>.md         the document, assembled from its pages in order
+    ocr-out/<document>/.lock             held by the one process converting it (ocr_bundle.batch.locking)
+
+Each finished page costs one appended, fsynced line in the journal, whatever the length of
+the document; the manifest is rewritten from memory ("compacted") when the document's run
+ends, and by the next run when it finds journal lines (a killed run), so the manifest plus
+the journal is always the whole record. The assembled `<name>.md` holds every page of the
+document, those never converted marked where they belong; it is rewritten whenever the
+manifest or the journal is newer than it, so a kill between a page's record and the
+assembly is repaired by the next run.
 
 The manifest is what makes a rerun resume. Each page's record carries its own basis: the
 content hash of the source it was read from and the settings that shaped it (model,
@@ -14,14 +24,15 @@ Finished work is data, never thrown away by a run that did not produce something
 - a changed setting or a changed file makes the earlier pages *stale*, not gone: they stay,
   in the manifest and in the assembled document (marked), until the page is converted
   again under the new basis;
-- a failed attempt never replaces a page that has text (a failed redo, a server error
-  after a settings change): the text stays and the record notes the failure;
+- a page with text is replaced only by a result at least as good (ok over flagged over
+  failed): a worse attempt (a failed redo, a reply cut at max_tokens after a settings
+  change) leaves the text as it was and is noted in the record ("redo");
 - a manifest that cannot be parsed is moved aside (`manifest.json.unreadable-…`), not
   overwritten.
 
 Every file is written atomically and durably (ocr_bundle.files), the page's Markdown
-before the manifest that lists it, so whatever moment a kill or a power cut comes, a page
-listed as done has its complete file.
+before the journal line that lists it, so whatever moment a kill or a power cut comes, a
+page listed as done has its complete file.
 """
 
 from __future__ import annotations
@@ -34,14 +45,17 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..files import atomic_write_json, atomic_write_text
+from ..files import atomic_write_json, atomic_write_text, fsync_folder
+from .locking import DocumentLock
 
 FORMAT = 2  # 1: one basis for the whole document (upgraded on load)
 MANIFEST = "manifest.json"
+JOURNAL = "journal.jsonl"
 # Page statuses. "flagged": converted, but no attempt finished cleanly (cut at max_tokens or
 # ending in a loop); the best attempt is kept. Both count as done when resuming.
 OK, FLAGGED, FAILED = "ok", "flagged", "failed"
 DONE = (OK, FLAGGED)
+RANK = {OK: 2, FLAGGED: 1, FAILED: 0}  # a page's text is replaced only by a result of at least its rank
 # Kinds of document with numbered pages (the others are one image).
 PAGED_KINDS = ("pdf", "tiff")
 
@@ -81,6 +95,32 @@ def read_manifest(folder: Path) -> dict | None:
     return manifest if isinstance(manifest, dict) else None
 
 
+def replay_journal(folder: Path, manifest: dict) -> int:
+    """Apply the journal's page records to `manifest`; how many lines it held. A line cut by a
+    kill (the last one) is skipped: its page is converted again."""
+    try:
+        with open(folder / JOURNAL, "rb") as handle:
+            lines = handle.read().splitlines()
+    except FileNotFoundError:
+        return 0
+    pages = manifest.setdefault("pages", {})
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            pages[str(entry["page"])] = entry["record"]
+        except (ValueError, KeyError, TypeError):
+            continue
+    return len(lines)
+
+
+def load_record(folder: Path) -> dict | None:
+    """The document's whole record (manifest plus journal), read only; None without a readable manifest."""
+    manifest = read_manifest(folder)
+    if manifest is not None:
+        replay_journal(folder, _upgraded(manifest))
+    return manifest
+
+
 def _upgraded(manifest: dict) -> dict:
     """A format-1 manifest in format 2: each page gets the document's basis it was made under."""
     if manifest.get("format") == 1:
@@ -94,23 +134,36 @@ def _upgraded(manifest: dict) -> dict:
 class DocumentOutput:
     """A document's output folder. Thread-safe: pages finish in any order, from any thread."""
 
-    def __init__(self, folder: Path, manifest: dict, known_shape: tuple[str, int] | None = None):
+    def __init__(self, folder: Path, manifest: dict, known_shape: tuple[str, int] | None = None,
+                 lock: DocumentLock | None = None):
         self.folder = folder
         self.manifest = manifest
         # (kind, page_count) from an earlier run over the very same file: no need to count again.
         self.known_shape = known_shape
+        self.lock = lock  # this process's hold on the folder (None: read only)
         self._lock = threading.Lock()
+        self._journal: int | None = None  # the journal's descriptor, opened at the first page recorded
+        self._journaled = 0  # lines appended since the manifest was last written
+
+    @classmethod
+    def load(cls, folder: Path) -> DocumentOutput | None:
+        """Read only (the quality check, --status): the record as it stands, manifest plus journal."""
+        manifest = load_record(folder)
+        return None if manifest is None else cls(folder, manifest)
 
     # ------------------------------------------------------------ opening
     @classmethod
-    def open(cls, folder: Path, source: Path, sha256: str,
-             settings: ConversionSettings) -> tuple[DocumentOutput, str | None]:
+    def open(cls, folder: Path, source: Path, sha256: str, settings: ConversionSettings,
+             lock: DocumentLock | None = None) -> tuple[DocumentOutput, str | None]:
         """The document's output under the current basis, with the earlier pages kept; with a
-        note when some of them are stale (None when everything earlier still holds)."""
+        note when some of them are stale (None when everything earlier still holds). Call it
+        holding the folder's lock: a killed run's journal is compacted here. Nothing is written
+        when nothing changed."""
         fresh = {"format": FORMAT, "pages": {}}
         note = None
         path = folder / MANIFEST
         earlier = read_manifest(folder)
+        replayed = replay_journal(folder, _upgraded(earlier)) if earlier is not None else 0
         if earlier is None and path.exists():
             aside = path.with_name(f"{MANIFEST}.unreadable-{dt.datetime.now():%Y%m%d-%H%M%S}")
             os.replace(path, aside)
@@ -122,27 +175,34 @@ class DocumentOutput:
         known = ((manifest["kind"], manifest["page_count"])
                  if same_file and manifest.get("kind") and manifest.get("page_count") and not manifest.get("error")
                  else None)
-        manifest.update(source=str(source.resolve()), source_sha256=sha256, source_bytes=source.stat().st_size,
-                        settings=settings.as_dict(), error=None)
+        before = json.dumps(manifest, sort_keys=True)
+        stat = source.stat()
+        manifest.update(source=str(source.resolve()), source_sha256=sha256, source_bytes=stat.st_size,
+                        source_mtime_ns=stat.st_mtime_ns, settings=settings.as_dict(), error=None)
         if known is None:
             manifest.update(kind=None, page_count=None)
-        output = cls(folder, manifest, known)
+        output = cls(folder, manifest, known, lock)
+        if replayed or json.dumps(manifest, sort_keys=True) != before:
+            with output._lock:
+                output._save()
         stale = output.stale_pages()
         if stale and note is None:
             note = f"{len(stale)} page(s) converted earlier {output.why_stale(stale[0])}: kept until converted again"
         return output, note
 
     @classmethod
-    def unreadable(cls, folder: Path, source: Path, settings: ConversionSettings, error: str) -> DocumentOutput:
+    def unreadable(cls, folder: Path, source: Path, settings: ConversionSettings, error: str,
+                   lock: DocumentLock | None = None) -> DocumentOutput:
         """A file that cannot be read now (gone, unreadable, too large). Its folder is left as
         it is when it holds earlier work (the file may be readable again next time); otherwise
         a manifest says why."""
-        earlier = read_manifest(folder)
+        earlier = load_record(folder)
         if earlier is not None or (folder / MANIFEST).exists():
-            return cls(folder, {**(earlier or {"pages": {}}), "error": error})
+            return cls(folder, {**(earlier or {"pages": {}}), "error": error}, lock=lock)
         output = cls(folder, {"format": FORMAT, "source": str(source.resolve()), "source_sha256": None,
                               "source_bytes": None, "settings": settings.as_dict(), "kind": None,
-                              "page_count": None, "error": error, "pages": {}, "updated_at": now()})
+                              "page_count": None, "error": error, "pages": {}, "updated_at": now()},
+                     lock=lock)
         with output._lock:
             output._save()
         return output
@@ -156,18 +216,34 @@ class DocumentOutput:
         return (record.get("source_sha256") == self.manifest.get("source_sha256")
                 and record.get("settings") == self.manifest.get("settings"))
 
-    def _has_text(self, record: dict) -> bool:
+    def has_text(self, record: dict) -> bool:
         return record.get("status") in DONE and bool(record.get("file")) and (self.folder / record["file"]).is_file()
+
+    def done_status(self, record: dict) -> str | None:
+        """"ok" or "flagged" when the page needs no conversion under the current basis, else None.
+        A page whose text is kept over a worse attempt made under the current basis counts as
+        flagged (--redo-flagged tries it again)."""
+        if not self.has_text(record):
+            return None
+        if self._current(record):
+            return record["status"]
+        redo = record.get("redo") or {}
+        return FLAGGED if redo.get("status") == FLAGGED and self._current(redo) else None
 
     def done_pages(self, statuses: tuple[str, ...] = DONE) -> set[int]:
         """Pages done under the current basis with one of `statuses`, their file present."""
-        return {int(n) for n, record in self.manifest["pages"].items()
-                if record.get("status") in statuses and self._current(record) and self._has_text(record)}
+        return {int(n) for n, record in self.manifest["pages"].items() if self.done_status(record) in statuses}
+
+    def all_pages(self) -> list[int]:
+        """Every page of the document (one for an image, none when it cannot be read)."""
+        if self.manifest.get("kind") in PAGED_KINDS:
+            return list(range(1, (self.manifest.get("page_count") or 0) + 1))
+        return [1] if self.manifest.get("kind") else []
 
     def stale_pages(self) -> list[int]:
-        """Pages with text from another basis (an earlier file or other settings)."""
+        """Pages with text from another basis (an earlier file or other settings), not tried again since."""
         return sorted(int(n) for n, record in self.manifest["pages"].items()
-                      if self._has_text(record) and not self._current(record))
+                      if self.has_text(record) and self.done_status(record) is None)
 
     def why_stale(self, page: int) -> str:
         record = self.manifest["pages"][str(page)]
@@ -184,58 +260,121 @@ class DocumentOutput:
     def describe(self, kind: str | None, page_count: int | None, error: str | None = None) -> None:
         """What the scan found: 'pdf', 'tiff' or 'image' and its page count, or why it cannot be read."""
         with self._lock:
-            self.manifest.update(kind=kind, page_count=page_count, error=error)
-            self._save()
+            if (self.manifest.get("kind"), self.manifest.get("page_count"), self.manifest.get("error")) != (
+                    kind, page_count, error):
+                self.manifest.update(kind=kind, page_count=page_count, error=error)
+                self._save()
 
     # ------------------------------------------------------------ writing
     def record_page(self, page: int, record: dict, text: str | None) -> bool:
-        """Store one finished page: its Markdown first, then the manifest that lists it.
-        A page without text (failed) never replaces one with text: the failure is noted
-        beside the text kept. True when the record was stored as given."""
+        """Store one finished page: its Markdown first, then its journal line. A page with text
+        is replaced only by a result at least as good (ok > flagged > failed); a worse one is
+        noted beside the text kept ("redo"). True when the record was stored as given. An
+        OSError (a full disk) leaves the page as it was before."""
         key = str(page)
-        record = {**record, "source_sha256": self.manifest["source_sha256"], "settings": self.manifest["settings"]}
-        if text is not None:
-            # Outside the lock: pages of one document are written side by side. A kill before the
-            # manifest lists it leaves the earlier record, which a rerun converts again.
-            path = self.page_file(page)
-            atomic_write_text(path, text, durable=True)
-            record["file"] = path.relative_to(self.folder).as_posix()
-        with self._lock:
+        basis = {"source_sha256": self.manifest["source_sha256"], "settings": self.manifest["settings"]}
+        record = {**record, **basis}
+        with self._lock:  # one page at a time per document: its file, then its line
             earlier = self.manifest["pages"].get(key)
-            if text is None and earlier is not None and self._has_text(earlier):
-                self.manifest["pages"][key] = {**earlier, "redo_error": record.get("error"), "redo_at": now()}
-                self._save()
+            if earlier is not None and self.has_text(earlier) and RANK[record["status"]] < RANK[earlier["status"]]:
+                why = record.get("error") if record["status"] == FAILED else record.get("flag")
+                self._append(key, {**earlier, "redo": {"status": record["status"], "why": why, "at": now(), **basis}})
                 return False
-            self.manifest["pages"][key] = record
-            self._save()
+            if text is not None:
+                path = self.page_file(page)
+                atomic_write_text(path, text, durable=True)
+                record["file"] = path.relative_to(self.folder).as_posix()
+            self._append(key, record)
             return True
 
+    def _append(self, key: str, record: dict) -> None:
+        line = (json.dumps({"page": key, "record": record}, ensure_ascii=False) + "\n").encode("utf-8")
+        if self._journal is None:
+            self._journal = os.open(self.folder / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fsync_folder(self.folder)  # the journal's name survives a power cut too
+        written = os.write(self._journal, line)
+        if written != len(line):  # a short write (a full disk on some filesystems): undo it, then say so
+            os.ftruncate(self._journal, os.fstat(self._journal).st_size - written)
+            raise OSError(28, "No space left on device (short write)", str(self.folder / JOURNAL))
+        os.fsync(self._journal)
+        self.manifest["pages"][key] = record
+        self._journaled += 1
+
+    def compact(self) -> None:
+        """Write the manifest from memory and empty the journal (the document's run is over)."""
+        with self._lock:
+            if self._journaled or (self.folder / JOURNAL).exists() and (self.folder / JOURNAL).stat().st_size:
+                self._save()
+
+    def close(self) -> None:
+        """Compact what is left and let go of the folder (another converter may take it)."""
+        try:
+            if self.lock is not None:
+                self.compact()
+        finally:
+            self.close_without_writing()
+
+    def close_without_writing(self) -> None:
+        """Let go of the folder as it is (the disk is full: the journal keeps what the manifest lacks)."""
+        if self._journal is not None:
+            os.close(self._journal)
+            self._journal = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
     def _save(self) -> None:
+        """The manifest, written whole; the journal, now redundant, emptied after it."""
         self.manifest["updated_at"] = now()
         atomic_write_json(self.folder / MANIFEST, self.manifest, durable=True)
+        journal = self.folder / JOURNAL
+        if self._journal is not None:
+            os.ftruncate(self._journal, 0)
+            os.fsync(self._journal)
+        elif journal.exists():
+            with open(journal, "r+b") as handle:
+                handle.truncate(0)
+                os.fsync(handle.fileno())
+        self._journaled = 0
+
+    def assembly_current(self) -> bool:
+        """Does <name>.md reflect the record: present, newer than the manifest, no journal lines since?"""
+        try:
+            assembled = self.document_file().stat().st_mtime_ns
+            manifest = (self.folder / MANIFEST).stat().st_mtime_ns
+        except FileNotFoundError:
+            return False
+        journal = self.folder / JOURNAL
+        return assembled >= manifest and not (journal.exists() and journal.stat().st_size)
 
     def document_file(self) -> Path:
         return self.folder / f"{self.name}.md"
 
-    def write_document(self, pages: list[int]) -> Path:
-        """Assemble the document's Markdown from its page files, in page order; pages not
-        converted are marked where they belong, so nothing is silently missing, and pages
-        kept from an earlier basis say so."""
+    def write_document(self) -> Path:
+        """Assemble the document's Markdown from its page files, every page in page order
+        (whatever --pages this run had); pages not converted are marked where they belong, so
+        nothing is silently missing, and pages kept from an earlier basis say so. The record
+        is compacted first, so the document is newer than it."""
+        self.compact()
         with self._lock:
             records = {n: dict(r) for n, r in self.manifest["pages"].items()}
             paged = self.manifest.get("kind") in PAGED_KINDS
         parts = []
-        for page in pages:
+        for page in self.all_pages():
             record = records.get(str(page)) or {}
             heading = f"<!-- page {page} -->\n\n" if paged else ""
-            if self._has_text(record):
+            if self.has_text(record):
                 text = (self.folder / record["file"]).read_text(encoding="utf-8")
-                if not self._current(record):
+                if self.done_status(record) is None:
                     heading += (f"<!-- page {page} converted {_in_comment(self.why_stale(page))}: "
                                 "rerun to convert it again -->\n\n")
-                if record.get("redo_error"):
-                    heading += (f"<!-- page {page}: converting it again failed "
-                                f"({_in_comment(record['redo_error'])}); this is the earlier text -->\n\n")
+                redo = record.get("redo") or {}
+                if redo or record.get("redo_error"):
+                    what = ("failed" if redo.get("status", FAILED) == FAILED
+                            else "gave a worse result")
+                    heading += (f"<!-- page {page}: converting it again {what} "
+                                f"({_in_comment(redo.get('why') or record.get('redo_error'))}); "
+                                "this is the earlier text -->\n\n")
                 if record.get("status") == FLAGGED:
                     heading += f"<!-- page {page} flagged: {_in_comment(record.get('flag'))} -->\n\n"
                 parts.append(heading + text.strip())

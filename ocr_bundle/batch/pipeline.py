@@ -15,13 +15,22 @@ attempt is kept and the page is flagged if none finished cleanly. Transport erro
 answering, senders wait up to `server_wait_s` for it to come back, then the run ends
 with everything done so far kept. `request_stop()` (Ctrl-C) stops admitting pages, lets
 pages in flight finish for `drain_s`, and ends the run; pages not finished stay pending
-and a rerun picks them up. Nothing a thread meets (a crashed renderer, a bug, a full disk)
-ends a sender or the producer silently: the page is failed or left pending, and said so.
+and a rerun picks them up. Nothing a thread meets (a crashed renderer, a bug) ends a sender
+or the producer silently: the page is failed or left pending, and said so. A full disk
+ends the run at once (every later page would be converted only to be thrown away).
+
+Behind a gateway, 502/503/504 mean "no server ready" (one restarting, all busy starting):
+like a refused connection, they are waited out for up to `server_wait_s`, not counted as
+a page's failures.
+
+Each document folder is locked for the run (ocr_bundle.batch.locking): a document another
+live converter holds is skipped, said so, and left for a rerun.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -33,7 +42,7 @@ import requests
 
 from ..client import OcrClient, OcrError, OcrResult, build_chat_request
 from ..draining import Countdown, drain
-from ..files import remove_partials
+from ..files import is_disk_full, remove_partials
 from ..images import InputError, check_size
 from ..inputs import InputFile, output_folders, pages_in
 from .manifest import (
@@ -48,6 +57,7 @@ from .manifest import (
     file_sha256,
     read_manifest,
 )
+from .locking import DocumentLock
 from .render_pool import CountJob, PageJob, RenderedPage, RenderPool
 from .repetition import Repetition, repeated_tail
 
@@ -55,6 +65,8 @@ TEMPERATURE_STEP = 0.2
 MAX_TEMPERATURE = 1.0
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 MAX_RETRY_AFTER_S = 60.0  # a server asking for more than this is waited on in steps of it
+UNAVAILABLE = (502, 503, 504)  # a gateway (or proxy) with no server ready behind it
+UNAVAILABLE_PAUSE_S = 2.0  # between tries while the server is unavailable
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,8 @@ class Document:
     todo: list[int]  # not done yet
     error: str | None = None  # why the file cannot be read at all
     note: str | None = None  # why earlier work is not reused as it is
+    held_by: str | None = None  # another live converter holds the folder: skipped ("pid N on host")
+    assemble: bool = False  # <name>.md is missing or older than the record: rewrite it
     touched: bool = False  # a page was recorded in this run
     recorded: set[int] = field(default_factory=set)  # pages of `todo` recorded in this run
 
@@ -100,18 +114,48 @@ class Document:
         return [page for page in self.todo if page not in self.recorded]
 
 
+class ContentHashes:
+    """Each input's SHA-256, computed once and only when needed: a file whose path, size and
+    modification time match its manifest's is taken to be the file hashed then."""
+
+    def __init__(self, inputs: list[InputFile], max_bytes: int):
+        self.stats: dict[Path, os.stat_result | InputError | OSError] = {}
+        for item in inputs:
+            try:
+                stat = item.path.stat()
+                check_size(stat.st_size, max_bytes)
+                self.stats[item.path] = stat
+            except (InputError, OSError) as exc:
+                self.stats[item.path] = exc
+        self._hashes: dict[Path, str | OSError] = {}
+
+    def of(self, item: InputFile, earlier: dict | None = None) -> str | InputError | OSError:
+        stat = self.stats[item.path]
+        if not isinstance(stat, os.stat_result):
+            return stat
+        if item.path not in self._hashes:
+            if earlier is not None and earlier.get("source_sha256") and _same_file(earlier, item.path, stat):
+                return earlier["source_sha256"]
+            try:
+                self._hashes[item.path] = file_sha256(item.path)
+            except OSError as exc:
+                self._hashes[item.path] = exc
+        return self._hashes[item.path]
+
+
+def _same_file(earlier: dict, path: Path, stat: os.stat_result) -> bool:
+    return (earlier.get("source") == str(path.resolve()) and earlier.get("source_bytes") == stat.st_size
+            and earlier.get("source_mtime_ns") == stat.st_mtime_ns)
+
+
 def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, options: BatchOptions,
          pool: RenderPool) -> list[Document]:
-    """Read what is there to do: content hash, page count (counted in the render pool, so a
-    file that crashes its parser fails alone), pages already done. Bad files are documents
-    with an error, never exceptions; a file unreadable now keeps its earlier output."""
-    hashes: dict[Path, str | InputError | OSError] = {}
-    for item in inputs:
-        try:
-            check_size(item.path.stat().st_size, options.max_bytes)
-            hashes[item.path] = file_sha256(item.path)
-        except (InputError, OSError) as exc:
-            hashes[item.path] = exc
+    """Read what is there to do: lock each document's folder, content hash (only of files
+    changed since their manifest), page count (counted in the render pool, so a file that
+    crashes its parser fails alone), pages already done. Bad files are documents with an
+    error, never exceptions; a file unreadable now keeps its earlier output; a folder
+    another converter holds is skipped. A full disk raises (OSError)."""
+    hashes = ContentHashes(inputs, options.max_bytes)
 
     def belongs(item: InputFile, folder: PurePath) -> bool | None:
         """Does `folder` hold this input's earlier output (its path or its content), another's, or none?"""
@@ -120,31 +164,43 @@ def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, 
         earlier = read_manifest(out_root / folder)
         if earlier is None:
             return False  # a manifest that cannot be read: not ours to take
-        same_path = earlier.get("source") and Path(earlier["source"]).resolve() == item.path.resolve()
-        return bool(same_path or earlier.get("source_sha256") == hashes[item.path])
+        if earlier.get("source") and Path(earlier["source"]).resolve() == item.path.resolve():
+            return True
+        return earlier.get("source_sha256") == hashes.of(item)
 
     folders = output_folders(inputs, belongs)
     opened = []
     for item in inputs:
         folder = out_root / folders[item.path]
-        remove_partials(folder)  # what a killed run left half-written
-        sha256 = hashes[item.path]
+        lock = DocumentLock.acquire(folder)
+        if isinstance(lock, str):  # another live converter: its files, its temporary files, its pages
+            opened.append((item, DocumentOutput(folder, {"pages": {}}), None, None, lock))
+            continue
+        remove_partials(folder)  # what a killed run left half-written: ours to clean, we hold the lock
+        sha256 = hashes.of(item, read_manifest(folder) if not options.force else None)
         if not isinstance(sha256, str):
             error = _reason(sha256)
-            opened.append((item, DocumentOutput.unreadable(folder, item.path, settings, error), None, error))
+            opened.append((item, DocumentOutput.unreadable(folder, item.path, settings, error, lock), None, error,
+                           None))
             continue
         try:
-            output, note = DocumentOutput.open(folder, item.path, sha256, settings)
-        except OSError as exc:  # the file vanished since it was hashed
-            error = _reason(exc)
-            opened.append((item, DocumentOutput.unreadable(folder, item.path, settings, error), None, error))
+            output, note = DocumentOutput.open(folder, item.path, sha256, settings, lock)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise
+            error = _reason(exc)  # the file vanished since it was hashed
+            opened.append((item, DocumentOutput.unreadable(folder, item.path, settings, error, lock), None, error,
+                           None))
             continue
         # Counting a PDF's pages runs pdfium: in the pool, all files at once.
         counting = None if output.known_shape else pool.submit(CountJob(str(item.path), options.max_bytes))
-        opened.append((item, output, note, counting))
+        opened.append((item, output, note, counting, None))
 
     documents = []
-    for item, output, note, counting in opened:
+    for item, output, note, counting, held_by in opened:
+        if held_by is not None:
+            documents.append(Document(item, output, None, [], [], held_by=held_by))
+            continue
         if isinstance(counting, str):  # unreadable: `counting` is the reason
             documents.append(Document(item, output, None, [], [], error=counting))
             continue
@@ -160,7 +216,8 @@ def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, 
         pages = pages_in(options.pages, count) if kind in PAGED_KINDS else [1]
         done = set() if options.force else output.done_pages((OK,) if options.redo_flagged else DONE)
         todo = [page for page in pages if page not in done]
-        documents.append(Document(item, output, kind, pages, todo, None, note))
+        documents.append(Document(item, output, kind, pages, todo, None, note,
+                                  assemble=not output.assembly_current()))
     return documents
 
 
@@ -243,14 +300,41 @@ class PageStats:
 class ServerWatch:
     """Shared by the senders: is the server back? One probe per second at most, whoever asks."""
 
-    def __init__(self, client: OcrClient, wait_s: float, stopping: threading.Event):
+    def __init__(self, client: OcrClient, wait_s: float, stopping: threading.Event, say=lambda text: None):
         self.client = client
         self.wait_s = wait_s
         self.stopping = stopping
+        self.say = say
         self.gone = threading.Event()
+        self.gone_because = "stopped answering"
         self._lock = threading.Lock()
         self._down_since: float | None = None
+        self._unavailable_since: float | None = None
         self._last_probe = (-1e9, False)
+
+    def answered(self) -> None:
+        """A request was answered: whatever outage there was is over."""
+        if self._unavailable_since is not None:
+            with self._lock:
+                if self._unavailable_since is not None:
+                    self._unavailable_since = None
+                    self.say("the server answers again: going on")
+
+    def wait_out_unavailable(self, error: OcrError) -> bool:
+        """The server answered 502/503/504 (a gateway with no server ready, one restarting):
+        pause, then True to send again; False once that has lasted `wait_s` (then `gone` is set)."""
+        with self._lock:
+            now = time.monotonic()
+            if self._unavailable_since is None:
+                self._unavailable_since = now
+                self.say(f"the server answers {error.status} ({error}): behind a gateway that means no server is "
+                         f"ready (restarting?); waiting up to {self.wait_s:g} s (--server-wait)")
+            unavailable_for = now - self._unavailable_since
+        if unavailable_for >= self.wait_s:
+            self.gone_because = f"answered {error.status} (no server ready)"
+            self.gone.set()
+            return False
+        return not self.stopping.wait(UNAVAILABLE_PAUSE_S) and not self.gone.is_set()
 
     def _probe(self) -> bool:
         with self._lock:
@@ -316,7 +400,7 @@ class BatchConverter:
         self.progress = progress
         self.stopping = threading.Event()
         self.interrupted = False
-        self.watch = ServerWatch(client, options.server_wait_s, self.stopping)
+        self.watch = ServerWatch(client, options.server_wait_s, self.stopping, progress.message)
         self.counts = RunCounts()
         self._lock = threading.Lock()
         prefetch = 2 * options.render_workers
@@ -324,7 +408,8 @@ class BatchConverter:
         self._ready: queue.Queue = queue.Queue()
         self._senders = Countdown(options.concurrency)
         self.convert_s = 0.0  # wall time of the conversion itself (after the scan)
-        self.faults: list[str] = []  # what went wrong inside the converter itself (bugs, a full disk)
+        self.faults: list[str] = []  # what went wrong inside the converter itself (bugs)
+        self.disk_full: str | None = None  # the write that found the disk full: the run stopped there
 
     # ------------------------------------------------------------ control
     def request_stop(self) -> None:
@@ -333,19 +418,45 @@ class BatchConverter:
         self.stopping.set()
 
     def run(self) -> str:
-        """Convert every pending page; returns how the run ended: "complete", "interrupted"
-        or "server gone"."""
+        """Convert every pending page; returns how the run ended: "complete", "interrupted",
+        "server gone" or "disk full"."""
+        for document in self.documents:
+            if document.held_by is None and not document.todo:
+                self._finish(document)  # nothing to convert: let another converter have it at once
         start = time.perf_counter()
         if any(d.todo for d in self.documents):
             self._run_pipeline()
         self.convert_s = time.perf_counter() - start
         for document in self.documents:
-            if document.touched or (document.pages and not document.error
-                                    and not document.output.document_file().exists()):
-                self.progress.document(document, document.output.write_document(document.pages))
+            if document.held_by is None:
+                self._finish(document)
+        if self.disk_full:
+            return "disk full"
         if self.watch.gone.is_set():
             return "server gone"
         return "interrupted" if self.interrupted else "complete"
+
+    def _finish(self, document: Document) -> None:
+        """Assemble the document if it changed or its <name>.md is behind, and let go of its folder
+        (at once when its last page is recorded, so that the lock is held no longer than needed)."""
+        try:
+            if not self.disk_full and (document.touched or document.assemble):
+                self.progress.document(document, document.output.write_document())
+            document.output.close()
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            self._stop_for_full_disk(exc)
+            document.output.close_without_writing()
+
+    def _stop_for_full_disk(self, exc: OSError) -> None:
+        with self._lock:
+            first = self.disk_full is None
+            if first:
+                self.disk_full = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+        self.stopping.set()
+        if first:
+            self.progress.message(f"disk full: {self.disk_full}; stopping now (free space and rerun)")
 
     def _run_pipeline(self) -> None:
         senders = [threading.Thread(target=self._sender, name=f"sender-{i}", daemon=True)
@@ -410,7 +521,12 @@ class BatchConverter:
             try:
                 if not self.stopping.is_set():
                     self._convert_and_record(document, page, rendering, session)
-            except Exception as exc:  # a bug or a full disk: this page stays pending, the sender goes on
+            except OSError as exc:
+                if not is_disk_full(exc):
+                    self._fault(f"{document.source.relative} page {page}: {type(exc).__name__}: {exc}; left pending")
+                else:  # every page after this one would be converted and thrown away
+                    self._stop_for_full_disk(exc)
+            except Exception as exc:  # a bug: this page stays pending, the sender goes on
                 self._fault(f"{document.source.relative} page {page}: {type(exc).__name__}: {exc}; left pending")
             finally:
                 self._slots.release()
@@ -436,7 +552,8 @@ class BatchConverter:
         finally:
             stats.send_cpu_s = time.thread_time() - cpu
         if not document.output.record_page(page, record, text):
-            record = {**record, "error": f"{record['error']} (the text converted earlier is kept)"}
+            key = "error" if status == FAILED else "flag"
+            record = {**record, key: f"{record[key]} (the text converted earlier is kept)"}
         self._count(document, page, status, record, stats)
 
     def _convert(self, rendered: RenderedPage, session: requests.Session,
@@ -471,26 +588,36 @@ class BatchConverter:
         return record["status"], record, text
 
     def _send(self, body: bytes, session: requests.Session, stats: PageStats) -> OcrResult:
-        """One request, retried through transport errors; PageFailed / PageAbandoned otherwise."""
-        for retry in range(self.options.max_transport_retries + 1):
-            if self.stopping.is_set() and retry:
+        """One request, retried through transport errors and waited through a server that is
+        away (refused connections, 502/503/504); PageFailed / PageAbandoned otherwise."""
+        retry = 0  # transport errors so far (an unavailable server does not count)
+        first = True
+        while True:
+            if self.stopping.is_set() and not first:
                 raise PageAbandoned
+            first = False
             stats.requests += 1
             try:
                 result = self.client.complete_body(body, self.settings.max_tokens, session=session)
-                stats.latency_s += result.latency_s
-                return result
             except OcrError as exc:
                 if not is_transient(exc):
                     raise PageFailed(str(exc)) from exc
+                if exc.kind == "http" and exc.status in UNAVAILABLE:
+                    if not self.watch.wait_out_unavailable(exc):
+                        raise PageAbandoned from exc
+                    continue
                 if retry == self.options.max_transport_retries:
                     raise PageFailed(f"{exc} (gave up after {retry + 1} tries)") from exc
                 if exc.kind == "connection" and not self.watch.wait_until_back():
                     raise PageAbandoned from exc
                 pause = max(BACKOFF_S[min(retry, len(BACKOFF_S) - 1)], min(exc.retry_after_s or 0, MAX_RETRY_AFTER_S))
+                retry += 1
                 if self.stopping.wait(pause):
                     raise PageAbandoned from exc
-        raise AssertionError("unreachable")
+                continue
+            self.watch.answered()
+            stats.latency_s += result.latency_s
+            return result
 
     def _count(self, document: Document, page: int, status: str, record: dict, stats: PageStats) -> None:
         with self._lock:
@@ -507,8 +634,8 @@ class BatchConverter:
             finished = len(document.recorded) == len(document.todo)
         self.progress.page(status)
         if finished:
-            self.progress.document(document, document.output.write_document(document.pages))
-            document.touched = False  # written: no need to assemble it again at the end
+            self._finish(document)
+            document.touched = document.assemble = False  # written: no need to assemble it again at the end
 
 
 def _size(rendered: RenderedPage) -> list[int] | None:

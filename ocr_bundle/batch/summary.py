@@ -79,6 +79,8 @@ def run_summary(converter: BatchConverter, documents: list[Document], *, started
         "pages_per_s": round(pages_per_s, 3),
         "client": client,
         "unreadable": [{"source": str(d.source.path), "error": d.error} for d in documents if d.error],
+        "held": [{"source": str(d.source.path), "by": d.held_by} for d in documents if d.held_by],
+        "disk_full": converter.disk_full,
         "pending_pages": [{"source": str(d.source.path), "page": page} for d in documents
                           for page in d.pending()][:LISTED],
         "faults": list(converter.faults),
@@ -109,6 +111,8 @@ def summary_lines(summary: dict) -> list[str]:
                      f"{client['verdict']}")
     for item in summary["unreadable"]:
         lines.append(f"  unreadable: {item['source']}: {item['error']}")
+    for item in summary["held"]:
+        lines.append(f"  skipped: {item['source']}: being converted by {item['by']}")
     for fault in summary["faults"]:
         lines.append(f"  internal error: {fault}")
     if summary["pending_pages"]:

@@ -1,6 +1,7 @@
 """The benchmark's PDFs through the server with the bundle's own converter, one run per repeat.
 
-Each repeat is `batch_ocr.py BENCH/pdfs --out RUN/convert/repeat<r>` as a user would run it:
+Each repeat is the batch converter (`python -m ocr_bundle.batch`, what batch_ocr.py runs) over
+BENCH/pdfs into RUN/convert/repeat<r>, as a user would run it:
 the same page preparation (200 DPI, longest edge 1540 px), client, retries of looping or cut
 pages, and resumable output, so an interrupted check converts only what is left. The
 Markdown of a page is read back from the converter's manifest: only pages done under the
@@ -15,11 +16,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..batch.manifest import DONE, MANIFEST, DocumentOutput, read_manifest
+from ..batch.manifest import DONE, MANIFEST, DocumentOutput
 from ..client import OcrClient
 from .bench import Bench
 
-BATCH_SCRIPT = Path(__file__).resolve().parents[2] / "batch_ocr.py"
+BUNDLE_ROOT = Path(__file__).resolve().parents[2]  # where the ocr_bundle package is imported from
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,13 @@ def convert_repeat(bench: Bench, run: Path, repeat: int, client: OcrClient, sett
     """batch_ocr.py over the benchmark's PDFs, against the client's server and model; its exit status
     (0, 1 some page failed, 2 cannot start, 130 interrupted). The key goes through the environment,
     never the command line."""
-    command = [sys.executable, str(BATCH_SCRIPT), str(bench.pdf_folder), "--out", str(repeat_folder(run, repeat)),
+    command = [sys.executable, "-m", "ocr_bundle.batch", str(bench.pdf_folder), "--out", str(repeat_folder(run, repeat)),
                "--url", client.base_url, "--model", client.model(), "--concurrency", str(concurrency),
                *settings.batch_arguments(), *(["--ca-cert", client.trust.ca] if client.trust.ca else [])]
     if quiet:
         command.append("--quiet")
-    env = {**os.environ, "VLLM_API_KEY": client.api_key or ""}
+    env = {**os.environ, "VLLM_API_KEY": client.api_key or "",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(BUNDLE_ROOT), os.environ.get("PYTHONPATH")]))}
     process = subprocess.Popen(command, env=env)
     try:
         return process.wait()
@@ -67,11 +69,11 @@ def converted_pages(bench: Bench, run: Path, repeats: int) -> tuple[dict[tuple[s
     for repeat in range(1, repeats + 1):
         counts: dict[str, int] = {}
         for manifest_path in sorted(repeat_folder(run, repeat).rglob(MANIFEST)):
-            manifest = read_manifest(manifest_path.parent)
+            output = DocumentOutput.load(manifest_path.parent)
+            manifest = output.manifest if output else None
             name = by_source.get(Path(manifest["source"]).resolve()) if manifest and manifest.get("source") else None
             if name is None:
                 continue
-            output = DocumentOutput(manifest_path.parent, manifest)
             counts[name] = manifest.get("page_count") or 1
             for page in sorted(output.done_pages(DONE)):
                 record = manifest["pages"][str(page)]

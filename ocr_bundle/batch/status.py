@@ -1,0 +1,117 @@
+"""`batch_ocr.py --status OUT`: is a corpus finished? Read only, no server needed.
+
+Reads every document folder under OUT (written by any number of converters and shards):
+per document and overall, pages done (ok, flagged), failed, stale (converted from an
+earlier version of the file or under other settings), pending (never converted); whether
+a live converter holds the document now; whether `<name>.md` is current. A corpus is
+complete when every page of every document is done, nothing is held, no file changed
+since, and every `<name>.md` is current: that, and only that, exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..tables import aligned
+from .locking import holder_of
+from .manifest import FAILED, MANIFEST, DocumentOutput, file_sha256
+
+COUNTS = ("ok", "flagged", "failed", "stale", "pending")
+
+
+@dataclass
+class DocumentStatus:
+    folder: Path
+    source: str
+    pages: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+    held_by: str | None = None
+    assembled: bool = False  # <name>.md is there and current
+    problem: str | None = None  # unreadable file, changed file, pages never counted
+
+    @property
+    def complete(self) -> bool:
+        done = self.pages["ok"] + self.pages["flagged"]
+        return (self.problem is None and self.held_by is None and self.assembled and done > 0
+                and done == sum(self.pages.values()))
+
+
+def document_status(folder: Path) -> DocumentStatus:
+    output = DocumentOutput.load(folder)
+    if output is None:
+        return DocumentStatus(folder, "?", problem="its manifest cannot be read")
+    manifest = output.manifest
+    status = DocumentStatus(folder, manifest.get("source") or "?", held_by=holder_of(folder),
+                            assembled=output.assembly_current())
+    if manifest.get("error"):
+        status.problem = f"unreadable: {manifest['error']}"
+    elif not manifest.get("kind"):
+        status.problem = "pages not counted yet (a run was stopped while reading it)"
+    changed = _source_changed(manifest)
+    if changed and status.problem is None:
+        status.problem = changed
+    for page in output.all_pages():
+        record = manifest.get("pages", {}).get(str(page))
+        done = output.done_status(record) if record and not changed else None
+        if done is not None:
+            status.pages[done] += 1
+        elif record and output.has_text(record):
+            status.pages["stale"] += 1
+        elif record and record.get("status") == FAILED:
+            status.pages["failed"] += 1
+        else:
+            status.pages["pending"] += 1
+    return status
+
+
+def _source_changed(manifest: dict) -> str | None:
+    """Why the input no longer is the file converted (None when it still is, or cannot be told)."""
+    source = manifest.get("source")
+    if not source or not manifest.get("source_sha256"):
+        return None
+    try:
+        stat = os.stat(source)
+    except FileNotFoundError:
+        return None  # moved or deleted: the output stands on its own
+    except OSError as exc:
+        return f"its input cannot be read now ({exc.strerror})"
+    if stat.st_size == manifest.get("source_bytes") and stat.st_mtime_ns == manifest.get("source_mtime_ns"):
+        return None
+    try:
+        same = stat.st_size == manifest.get("source_bytes") and file_sha256(Path(source)) == manifest["source_sha256"]
+    except OSError:
+        same = False
+    return None if same else "its input changed since it was converted: rerun to convert it again"
+
+
+def corpus_status(out: Path) -> list[DocumentStatus]:
+    return [document_status(path.parent) for path in sorted(out.rglob(MANIFEST))]
+
+
+def status_report(out: Path, documents: list[DocumentStatus]) -> tuple[str, bool]:
+    """The report's text and whether the corpus is complete."""
+    if not documents:
+        return f"no converted documents under {out}", False
+    body = []
+    for document in documents:
+        pages = document.pages
+        body.append([document.folder.relative_to(out).as_posix() or ".", str(sum(pages.values())),
+                     *(str(pages[name]) for name in COUNTS),
+                     "yes" if document.assembled else "NO",
+                     document.held_by or "", "complete" if document.complete else (document.problem or "")])
+    total = {name: sum(d.pages[name] for d in documents) for name in COUNTS}
+    body.append(["all", str(sum(total.values())), *(str(total[name]) for name in COUNTS),
+                 str(sum(d.assembled for d in documents)), str(sum(d.held_by is not None for d in documents)),
+                 f"{sum(d.complete for d in documents)}/{len(documents)} complete"])
+    table = aligned(["document", "pages", *COUNTS, "<name>.md", "held by", "state"], body, left=1)
+    complete = all(d.complete for d in documents)
+    if complete:
+        verdict = f"complete: every page of the {len(documents)} document(s) is done"
+    else:
+        reasons = [f"{total[name]} {name}" for name in ("failed", "stale", "pending") if total[name]]
+        reasons += [f"{n} held by a live converter" for n in [sum(d.held_by is not None for d in documents)] if n]
+        reasons += [f"{n} <name>.md not current" for n in [sum(not d.assembled for d in documents)] if n]
+        reasons += [f"{n} with a problem" for n in [sum(d.problem is not None for d in documents)] if n]
+        verdict = "NOT complete: " + ", ".join(reasons) + ": rerun the conversion to finish"
+    return f"{table}\n\n{verdict}", complete
