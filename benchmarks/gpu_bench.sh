@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_bench.sh sampler                    # vLLM's top-p sampler vs FlashInfer's (builds its kernels)
 #   bash benchmarks/gpu_bench.sh hf                         # plain transformers baseline (batch 1)
 #   bash benchmarks/gpu_bench.sh batch NAME [batch args]    # batch_ocr.py on a generated 300-page A4 PDF
+#   bash benchmarks/gpu_bench.sh corpus NAME [batch args]   # ten 300-page PDFs: one converter, then 3 shards at once
 #   bash benchmarks/gpu_bench.sh profile NAME [tokens]       # vLLM's torch profiler over one request
 #   bash benchmarks/gpu_bench.sh hostprofile NAME [stress args]  # py-spy on the engine core and API server, c=1
 #   bash benchmarks/gpu_bench.sh stop
@@ -162,6 +163,38 @@ case "${1:?phase}" in
       --max-tokens 1000 --max-attempts 1 --quiet "$@" >"$OUT/batch-$name.txt" 2>&1 || true
     cp "$STATE/batch-$name/run-summary.json" "$OUT/batch-$name-summary.json" || true
     grep -E "pages:|time:|client:" "$OUT/batch-$name.txt"
+    ;;
+  corpus)
+    # A 3,000-page corpus (ten 300-page PDFs) through one server: one converter over all of it, then
+    # three converters at once (--shard 1/3, 2/3, 3/3) into one output tree; each side's pages/s is
+    # its pages over the wall time from the first start to the last end, and --status must say done.
+    name=${2:?name}; shift 2
+    corpus=$STATE/corpus-3000
+    [[ -f $corpus/doc10.pdf ]] || { mkdir -p "$corpus"; python3 scripts/make_pdf.py --pages 300 --out "$corpus/doc1.pdf"
+      for n in 2 3 4 5 6 7 8 9 10; do cp "$corpus/doc1.pdf" "$corpus/doc$n.pdf"; done; }
+    rm -rf "$STATE/corpus-$name-one" "$STATE/corpus-$name-shards"
+    common=(--url "http://127.0.0.1:$PORT" --max-tokens 1000 --max-attempts 1 --quiet "$@")
+    start=$(date +%s.%N)
+    python3 batch_ocr.py "$corpus" --out "$STATE/corpus-$name-one" "${common[@]}" >"$OUT/corpus-$name-one.txt" 2>&1 || true
+    one_s=$(python3 -c "import sys, time; print(time.time() - float(sys.argv[1]))" "$start")
+    start=$(date +%s.%N); pids=()
+    for k in 1 2 3; do
+      python3 batch_ocr.py "$corpus" --shard "$k/3" --out "$STATE/corpus-$name-shards" "${common[@]}" \
+        >"$OUT/corpus-$name-shard$k.txt" 2>&1 & pids+=($!)
+    done
+    wait "${pids[@]}" || true
+    shards_s=$(python3 -c "import sys, time; print(time.time() - float(sys.argv[1]))" "$start")
+    python3 batch_ocr.py --status "$STATE/corpus-$name-shards" >"$OUT/corpus-$name-status.txt" 2>&1 \
+      && echo "status: complete" || echo "status: NOT complete (exit $?)"
+    tail -n 2 "$OUT/corpus-$name-status.txt"
+    cp "$STATE/corpus-$name-one/run-summary.json" "$OUT/corpus-$name-one-summary.json" || true
+    cp "$STATE"/corpus-"$name"-shards/run-summary.shard-*.json "$OUT/" || true
+    python3 -c "
+import sys
+one_s, shards_s = float(sys.argv[1]), float(sys.argv[2])
+print(f'one converter: 3000 pages in {one_s:.0f} s = {3000 / one_s:.2f} pages/s (wall, start to end)')
+print(f'three shards at once: 3000 pages in {shards_s:.0f} s = {3000 / shards_s:.2f} pages/s; ratio {one_s / shards_s:.3f}')
+" "$one_s" "$shards_s" | tee "$OUT/corpus-$name.txt"
     ;;
   profile)
     # One request under vLLM's torch profiler: where the time of a lone page goes (GPU kernels

@@ -25,6 +25,7 @@ import pytest
 from PIL import Image
 
 import batch_ocr
+from ocr_bundle.batch import cli as batch_cli
 from helpers import PYTHON, ROOT, wait_for
 from ocr_bundle.batch.pipeline import BatchConverter, BatchOptions, scan
 from ocr_bundle.client import OcrClient
@@ -221,7 +222,7 @@ def test_case3_a_multi_page_tiff_is_a_document_of_pages(server, tmp_path, capsys
 
 
 def crashing_pool(monkeypatch, **kwargs):
-    monkeypatch.setattr(batch_ocr, "RenderPool", functools.partial(RenderPool, work=marked_work, **kwargs))
+    monkeypatch.setattr(batch_cli, "RenderPool", functools.partial(RenderPool, work=marked_work, **kwargs))
 
 
 def test_case4_a_page_that_kills_its_renderer_fails_alone(server, tmp_path, capsys, monkeypatch):

@@ -194,7 +194,6 @@ def test_case3_a_kill_between_the_last_record_and_the_assembly_is_repaired(serve
         from ocr_bundle.batch.manifest import DocumentOutput
         DocumentOutput.write_document = lambda self: os.kill(os.getpid(), signal.SIGKILL)
         import batch_ocr
-from ocr_bundle.batch import cli as batch_cli
         sys.exit(batch_ocr.main(sys.argv[1:]))
     """)
     killed = subprocess.run([PYTHON, "-c", killed_at_assembly, str(pdf), "--url", server.url, "--out", str(out),
@@ -303,13 +302,21 @@ def test_case6_a_gateway_answering_503_past_server_wait_ends_the_run_with_everyt
 # ------------------------------------------------------------------ case 7: the journal
 
 
-def test_case7_a_page_costs_a_journal_line_not_a_manifest(tmp_path, monkeypatch):
+SETTINGS = ConversionSettings("m", 100, 200, 1540, "PNG")
+
+
+def locked_document(tmp_path: Path, pages: int) -> tuple[DocumentOutput, Path, Path]:
+    """A document of `pages` pages opened as a converter opens it, holding its folder; (output, source, folder)."""
     source = tmp_path / "doc.pdf"
     source.write_bytes(b"%PDF-1.7")
-    settings = ConversionSettings("m", 100, 200, 1540, "PNG")
     folder = tmp_path / "out"
-    output, _ = DocumentOutput.open(folder, source, file_sha256(source), settings, DocumentLock.acquire(folder))
-    output.describe("pdf", 200)
+    output, _ = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS, DocumentLock.acquire(folder))
+    output.describe("pdf", pages)
+    return output, source, folder
+
+
+def test_case7_a_page_costs_a_journal_line_not_a_manifest(tmp_path, monkeypatch):
+    output, _, folder = locked_document(tmp_path, 200)
     saves = []
     monkeypatch.setattr(manifest_module, "atomic_write_json", lambda *a, **k: saves.append(a[0]))
     for page in range(1, 201):
@@ -321,18 +328,13 @@ def test_case7_a_page_costs_a_journal_line_not_a_manifest(tmp_path, monkeypatch)
 
 
 def test_case7_a_torn_journal_line_costs_that_page_only(tmp_path):
-    source = tmp_path / "doc.pdf"
-    source.write_bytes(b"%PDF-1.7")
-    settings = ConversionSettings("m", 100, 200, 1540, "PNG")
-    folder = tmp_path / "out"
-    output, _ = DocumentOutput.open(folder, source, file_sha256(source), settings, DocumentLock.acquire(folder))
-    output.describe("pdf", 3)
+    output, source, folder = locked_document(tmp_path, 3)
     output.record_page(1, {"status": "ok"}, "one")
     output.record_page(2, {"status": "ok"}, "two")
     output.close_without_writing()  # killed: the manifest never compacted
     with open(folder / JOURNAL, "ab") as journal:
         journal.write(b'{"page": "3", "record": {"sta')  # the kill came mid-line
-    again, _ = DocumentOutput.open(folder, source, file_sha256(source), settings, DocumentLock.acquire(folder))
+    again, _ = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS, DocumentLock.acquire(folder))
     assert again.done_pages() == {1, 2} and (folder / JOURNAL).stat().st_size == 0
     assert sorted(manifest(folder)["pages"]) == ["1", "2"]
 

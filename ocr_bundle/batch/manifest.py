@@ -198,7 +198,9 @@ class DocumentOutput:
         a manifest says why."""
         earlier = load_record(folder)
         if earlier is not None or (folder / MANIFEST).exists():
-            return cls(folder, {**(earlier or {"pages": {}}), "error": error}, lock=lock)
+            if lock is not None:
+                lock.release()  # nothing of it is written this run: another converter may have it
+            return cls(folder, {**(earlier or {"pages": {}}), "error": error})
         output = cls(folder, {"format": FORMAT, "source": str(source.resolve()), "source_sha256": None,
                               "source_bytes": None, "settings": settings.as_dict(), "kind": None,
                               "page_count": None, "error": error, "pages": {}, "updated_at": now()},

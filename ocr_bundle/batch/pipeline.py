@@ -174,7 +174,7 @@ def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, 
         folder = out_root / folders[item.path]
         lock = DocumentLock.acquire(folder)
         if isinstance(lock, str):  # another live converter: its files, its temporary files, its pages
-            opened.append((item, DocumentOutput(folder, {"pages": {}}), None, None, lock))
+            opened.append((item, DocumentOutput(folder, {"source": str(item.path), "pages": {}}), None, None, lock))
             continue
         remove_partials(folder)  # what a killed run left half-written: ours to clean, we hold the lock
         sha256 = hashes.of(item, read_manifest(folder) if not options.force else None)
@@ -442,6 +442,7 @@ class BatchConverter:
         try:
             if not self.disk_full and (document.touched or document.assemble):
                 self.progress.document(document, document.output.write_document())
+                document.touched = document.assemble = False  # written: not again at the run's end
             document.output.close()
         except OSError as exc:
             if not is_disk_full(exc):
@@ -635,7 +636,6 @@ class BatchConverter:
         self.progress.page(status)
         if finished:
             self._finish(document)
-            document.touched = document.assemble = False  # written: no need to assemble it again at the end
 
 
 def _size(rendered: RenderedPage) -> list[int] | None:

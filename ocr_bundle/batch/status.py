@@ -89,6 +89,17 @@ def corpus_status(out: Path) -> list[DocumentStatus]:
     return [document_status(path.parent) for path in sorted(out.rglob(MANIFEST))]
 
 
+def _state(document: DocumentStatus) -> str:
+    if document.complete:
+        return "complete"
+    if document.problem:
+        return document.problem
+    if document.held_by:
+        return "being converted"
+    done = document.pages["ok"] + document.pages["flagged"]
+    return "<name>.md behind: rerun" if done == sum(document.pages.values()) else "not done: rerun"
+
+
 def status_report(out: Path, documents: list[DocumentStatus]) -> tuple[str, bool]:
     """The report's text and whether the corpus is complete."""
     if not documents:
@@ -98,8 +109,8 @@ def status_report(out: Path, documents: list[DocumentStatus]) -> tuple[str, bool
         pages = document.pages
         body.append([document.folder.relative_to(out).as_posix() or ".", str(sum(pages.values())),
                      *(str(pages[name]) for name in COUNTS),
-                     "yes" if document.assembled else "NO",
-                     document.held_by or "", "complete" if document.complete else (document.problem or "")])
+                     "yes" if document.assembled else ("-" if not sum(pages.values()) else "NO"),
+                     document.held_by or "", _state(document)])
     total = {name: sum(d.pages[name] for d in documents) for name in COUNTS}
     body.append(["all", str(sum(total.values())), *(str(total[name]) for name in COUNTS),
                  str(sum(d.assembled for d in documents)), str(sum(d.held_by is not None for d in documents)),
@@ -111,7 +122,8 @@ def status_report(out: Path, documents: list[DocumentStatus]) -> tuple[str, bool
     else:
         reasons = [f"{total[name]} {name}" for name in ("failed", "stale", "pending") if total[name]]
         reasons += [f"{n} held by a live converter" for n in [sum(d.held_by is not None for d in documents)] if n]
-        reasons += [f"{n} <name>.md not current" for n in [sum(not d.assembled for d in documents)] if n]
+        reasons += [f"{n} <name>.md not current" for n in [sum(not d.assembled and sum(d.pages.values()) > 0
+                                                            for d in documents)] if n]
         reasons += [f"{n} with a problem" for n in [sum(d.problem is not None for d in documents)] if n]
         verdict = "NOT complete: " + ", ".join(reasons) + ": rerun the conversion to finish"
     return f"{table}\n\n{verdict}", complete
