@@ -131,6 +131,10 @@ def _upgraded(manifest: dict) -> dict:
     return manifest
 
 
+class DocumentClosed(Exception):
+    """A page finished after its document was closed (a sender past the drain timeout): left pending."""
+
+
 class DocumentOutput:
     """A document's output folder. Thread-safe: pages finish in any order, from any thread."""
 
@@ -143,6 +147,7 @@ class DocumentOutput:
         self.lock = lock  # this process's hold on the folder (None: read only)
         self._lock = threading.Lock()
         self._journal: int | None = None  # the journal's descriptor, opened at the first page recorded
+        self._closed = False  # the run let go of the folder: nothing more is written
         self._journaled = 0  # lines appended since the manifest was last written
 
     @classmethod
@@ -276,18 +281,24 @@ class DocumentOutput:
         key = str(page)
         basis = {"source_sha256": self.manifest["source_sha256"], "settings": self.manifest["settings"]}
         record = {**record, **basis}
-        with self._lock:  # one page at a time per document: its file, then its line
+        with self._lock:
+            if self._closed:  # a sender still in flight after the run let go of the folder
+                raise DocumentClosed(f"{self.folder}: page {page} finished after the run ended")
             earlier = self.manifest["pages"].get(key)
             if earlier is not None and self.has_text(earlier) and RANK[record["status"]] < RANK[earlier["status"]]:
                 why = record.get("error") if record["status"] == FAILED else record.get("flag")
                 self._append(key, {**earlier, "redo": {"status": record["status"], "why": why, "at": now(), **basis}})
                 return False
-            if text is not None:
-                path = self.page_file(page)
-                atomic_write_text(path, text, durable=True)
-                record["file"] = path.relative_to(self.folder).as_posix()
+        if text is not None:
+            # Outside the lock: pages of one document are written side by side (each page by one sender).
+            path = self.page_file(page)
+            atomic_write_text(path, text, durable=True)
+            record["file"] = path.relative_to(self.folder).as_posix()
+        with self._lock:
+            if self._closed:
+                raise DocumentClosed(f"{self.folder}: page {page} finished after the run ended")
             self._append(key, record)
-            return True
+        return True
 
     def _append(self, key: str, record: dict) -> None:
         line = (json.dumps({"page": key, "record": record}, ensure_ascii=False) + "\n").encode("utf-8")
@@ -318,6 +329,8 @@ class DocumentOutput:
 
     def close_without_writing(self) -> None:
         """Let go of the folder as it is (the disk is full: the journal keeps what the manifest lacks)."""
+        with self._lock:
+            self._closed = True
         if self._journal is not None:
             os.close(self._journal)
             self._journal = None

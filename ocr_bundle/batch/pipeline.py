@@ -53,6 +53,7 @@ from .manifest import (
     OK,
     PAGED_KINDS,
     ConversionSettings,
+    DocumentClosed,
     DocumentOutput,
     file_sha256,
     read_manifest,
@@ -552,7 +553,11 @@ class BatchConverter:
             return
         finally:
             stats.send_cpu_s = time.thread_time() - cpu
-        if not document.output.record_page(page, record, text):
+        try:
+            stored = document.output.record_page(page, record, text)
+        except DocumentClosed:
+            return  # the run is over and the folder let go: the page stays pending
+        if not stored:
             key = "error" if status == FAILED else "flag"
             record = {**record, key: f"{record[key]} (the text converted earlier is kept)"}
         self._count(document, page, status, record, stats)
