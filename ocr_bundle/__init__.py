@@ -17,6 +17,7 @@ launcher import it with any python3, before vLLM's Python is known):
 - headroom:   could the client have limited what it measured? (one verdict)
 - tables:     aligned and Markdown tables (the stress test's and the quality check's reports)
 - prometheus: Prometheus text (vLLM's and the gateway's metrics), read once for every caller
+- grounding:  LightOnOCR-3's grounding replies → layout blocks (never raises), their Markdown
 and client side (requests, Pillow, pypdfium2, tqdm):
 - client:     the OpenAI-compatible HTTP client for vLLM (status, server and model, OCR, errors)
 - images:     uploads (images, PDFs, multi-page TIFFs) → the page images the model expects
