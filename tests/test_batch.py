@@ -15,6 +15,7 @@ import psutil
 from PIL import Image
 
 from helpers import PYTHON, ROOT, free_port, running_requests, server_requests, wait_for
+from ocr_bundle.batch.manifest import load_record
 from ocr_bundle.files import is_partial
 from ocr_bundle.samples import sample_path
 
@@ -38,14 +39,16 @@ def a4_pdf(pages: int) -> bytes:
 
 
 def manifest(folder: Path) -> dict:
-    return json.loads((folder / "manifest.json").read_text())
+    """The document's whole record as a converter (or a rerun) sees it: manifest.json plus the pages
+    journaled since it was written (a run compacts them into the manifest at its end)."""
+    record = load_record(folder)
+    assert record is not None, f"no manifest in {folder}"
+    return record
 
 
 def done_pages(folder: Path) -> int:
-    try:
-        return sum(p["status"] in ("ok", "flagged") for p in manifest(folder)["pages"].values())
-    except (OSError, ValueError):  # not written yet
-        return 0
+    record = load_record(folder)  # None: not written yet
+    return sum(p["status"] in ("ok", "flagged") for p in record["pages"].values()) if record else 0
 
 
 def settle(url: str) -> float:
@@ -271,10 +274,9 @@ def test_no_server_and_no_inputs_are_exit_2(vllm_server, tmp_path: Path):
 def test_help_has_examples_and_every_flag_documented():
     done = subprocess.run([PYTHON, str(ROOT / "batch_ocr.py"), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--pages 1,3-5" in done.stdout and "env VLLM_URL" in done.stdout
-    sys.path.insert(0, str(ROOT))
-    import batch_ocr
+    from ocr_bundle.batch.cli import build_parser
 
-    assert all(action.help for action in batch_ocr.build_parser()._actions)
+    assert all(action.help for action in build_parser()._actions)
 
 
 def test_pages_option_picks_pages(vllm_server, tmp_path: Path):
@@ -285,6 +287,9 @@ def test_pages_option_picks_pages(vllm_server, tmp_path: Path):
     assert done.returncode == 0, done.stderr
     record = manifest(tmp_path / "out" / "doc.pdf")
     assert sorted(record["pages"], key=int) == ["2", "4", "5", "6"]
-    assert "<!-- page 1 -->" not in (tmp_path / "out" / "doc.pdf" / "doc.md").read_text()
+    # The document holds every page: those not asked for are marked where they belong.
+    document = (tmp_path / "out" / "doc.pdf" / "doc.md").read_text()
+    assert document.index("<!-- page 1 not converted yet") < document.index("<!-- page 2 -->") < document.index(
+        "<!-- page 3 not converted yet") < document.index("<!-- page 4 -->")
     bad = batch(vllm_server.url, str(pdf), "--out", str(tmp_path / "out"), "--pages", "3-1")
     assert bad.returncode == 2 and "not a page or range" in bad.stderr

@@ -32,6 +32,7 @@ from PIL import Image
 
 from conftest import TEST_MAX_MODEL_LEN
 from helpers import PYTHON, ROOT, free_port, made_certs, server_requests, wait_for
+from ocr_bundle.batch.manifest import load_record
 from ocr_bundle.loadtest.pollers import gateway_counters
 from ocr_bundle import tls
 from ocr_bundle.serve.membership import Gateway, GatewayUnreachable
@@ -574,7 +575,7 @@ def test_a_server_started_and_stopped_by_its_scripts_during_a_batch_fails_no_pag
     stopped = cluster.node.script("stop_optimized.sh")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert run.poll() is None, "the batch ended before the node's stop: nothing was tested"
-    converted_after_stop = len(json.loads(next((tmp_path / "out").rglob("manifest.json")).read_text())["pages"])
+    converted_after_stop = len(load_record(next((tmp_path / "out").rglob("manifest.json")).parent)["pages"])
     time.sleep(2)  # pages sent after the node left go to the head's server alone
     run.send_signal(signal.SIGINT)  # graceful: the pages in flight finish, nothing new is sent
     output = run.communicate(timeout=300)[0]
