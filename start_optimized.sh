@@ -237,6 +237,8 @@ if [[ $has_server == true ]]; then
   PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ocr_bundle.serve.warmup --url "$server_local" \
     --timeout "$STARTUP_TIMEOUT" | sed 's/^/[start] /' || die "vLLM answers /health but cannot read a page (see above)"
   say "vLLM is ready (PID $(service_pid vllm)); $(grep -m1 -oE 'serving on [0-9]+ GPUs?: [a-z ]+[0-9]*' "$RUN_DIR/vllm.log" || echo 'one engine')"
+  # The launcher's own line: which model family, with its context and sampling (ocr_bundle/families.py).
+  say "$(grep -m1 -oE 'model family: .*' "$RUN_DIR/vllm.log" || echo 'model family: unknown')"
 fi
 
 if [[ $role != single && $has_server == true ]]; then

@@ -42,9 +42,11 @@ from ocr_bundle.serve.launch import (
     preflight,
     redact,
     resolve_device,
+    resolve_family,
     route_keys_problem,
     split_passthrough,
 )
+from ocr_bundle.families import FamilyError
 from ocr_bundle.serve.scaleout import ScaleOutError, visible_gpu_count
 from ocr_bundle.settings import MAX_OUTPUT_TOKENS, PAGE_PROMPT_TOKENS, api_key_from_env
 
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             raise LaunchError(problem)
         if looks_like_path(args.model):
             check_local_checkpoint(Path(os.path.expanduser(args.model)))
+        family = resolve_family(args)
         flavour = installed_vllm_flavour()
         preflight()
         if args.dry_run and (flavour is None or args.device != "auto"):
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                                             facts, os.environ)
         tuned = tuning.choose(args.compile_encoder, args.kv_cache_dtype, device, passthrough, facts,
                               attention_choice, os.environ)
-    except (LaunchError, ScaleOutError, attention.AttentionError) as exc:
+    except (LaunchError, ScaleOutError, attention.AttentionError, FamilyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.max_model_len < PAGE_PROMPT_TOKENS + MAX_OUTPUT_TOKENS:
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print("note: this is a generated random-weight checkpoint: it answers with random text. "
               "Real OCR needs the real weights (lightonai/LightOnOCR-2-1B).", file=sys.stderr)
     command, env = build_command(args, passthrough, device, plan, attention_choice, tuned)
+    print(f"[start_vllm_server] model family: {family.describe(args.max_model_len)}", flush=True)
     if device == "cuda":
         print(f"[start_vllm_server] {plan.describe()}", flush=True)
         print(f"[start_vllm_server] attention: {attention_choice.reason}", flush=True)

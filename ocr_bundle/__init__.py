@@ -5,6 +5,7 @@ The entry scripts beside this folder only parse arguments and print; the logic i
 Core, used everywhere (the first group is standard library only: the shell scripts and the
 launcher import it with any python3, before vLLM's Python is known):
 - settings:   the one registry: model id, token budgets, URLs, timeouts, env precedence
+- families:   the LightOnOCR models served (2-1B, 2-1B-bbox, 3-1B): context, sampling, grounding
 - exposure:   beyond loopback, the API needs a key and the page a login, both HTTPS; the gateway's
               pool an admin key; the one decision, and the address helpers (loopback, all interfaces)
 - tls:        certificates and trust: which CA a client verifies with, the checks of a machine's

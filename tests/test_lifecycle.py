@@ -60,6 +60,8 @@ def test_start_health_page_stop_cycle(lifecycle_env):
         # Ready means a page went through the engine, not only that /health answered.
         assert "[start] warm-up: 1 page (one per engine) in " in started.stdout
         assert started.stdout.index("warm-up: 1 page") < started.stdout.index("vLLM is ready")
+        assert (f"[start] model family: LightOnOCR-2-1B: max_model_len {TEST_MAX_MODEL_LEN} (asked; the family's is "
+                "8192), sampling temperature 0.2 top_p 0.9") in started.stdout
         vllm, ui_service = read_pid_file(run_dir / "vllm.pid"), read_pid_file(run_dir / "ui.pid")
         vllm_pid, ui_pid = vllm.pid, ui_service.pid
         # The PID file holds the start time too: what proves later that the PID is still ours.

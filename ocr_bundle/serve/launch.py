@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from ocr_bundle import tls
+from ocr_bundle.families import FAMILIES, Family, family_of
 from ocr_bundle.serve import attention, route_keys, tuning
 from ocr_bundle.serve.scaleout import DataParallelPlan, replicas_per_node
 from ocr_bundle.settings import (
@@ -64,8 +65,12 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
                         help="fraction of GPU memory vLLM reserves at start for weights + KV cache, whatever the "
                              "load (env GPU_MEMORY_UTILIZATION; default 0.9). The 1B model needs ~2 GB of weights; "
                              "lower this to share the GPU, but it caps the KV cache and so the batch size")
-    parser.add_argument("--max-model-len", type=int, default=env_default("MAX_MODEL_LEN", DEFAULT_MAX_MODEL_LEN, int),
-                        help=f"prompt + output tokens per request (env MAX_MODEL_LEN; default {DEFAULT_MAX_MODEL_LEN}). "
+    parser.add_argument("--family", default=env_default("MODEL_FAMILY", "auto"),
+                        help="the model family, when its name does not say it (env MODEL_FAMILY; default auto: "
+                             f"from the hub id or the checkpoint; {', '.join(f.name for f in FAMILIES)})")
+    parser.add_argument("--max-model-len", type=int, default=env_default("MAX_MODEL_LEN", None, int),
+                        help=f"prompt + output tokens per request (env MAX_MODEL_LEN; default: the family's, "
+                             f"{DEFAULT_MAX_MODEL_LEN} for 2-1B, 16384 for 3-1B). "
                              f"A 1540 px page costs ~{PAGE_PROMPT_TOKENS} prompt tokens, so 4096 leaves under 2,000 "
                              f"output tokens: too few for a dense page at max_tokens {MAX_OUTPUT_TOKENS}")
     parser.add_argument("--max-num-seqs", type=int, default=env_default("MAX_NUM_SEQS", None, int),
@@ -268,12 +273,23 @@ def plan_data_parallel(args: argparse.Namespace, device: str, gpus: int) -> Data
     return DataParallelPlan(replicas_per_node(str(args.data_parallel_size), gpus, args.tensor_parallel_size or 1))
 
 
+def resolve_family(args: argparse.Namespace) -> Family:
+    """The model's family (families.FamilyError for one not served here); its max_model_len
+    becomes the server's when none was asked for."""
+    family = family_of(os.path.expanduser(args.model), args.family)
+    if args.max_model_len is None:
+        args.max_model_len = family.max_model_len
+    return family
+
+
 def build_command(args: argparse.Namespace, passthrough: list[str], device: str,
                   plan: DataParallelPlan | None = None,
                   attention_choice: attention.AttentionChoice | None = None,
                   tuned: tuning.Tuning | None = None) -> tuple[list[str], dict[str, str]]:
     """The vLLM argument list and the extra environment; pure, so it can be tested."""
     plan = plan or DataParallelPlan(1)
+    if args.max_model_len is None:
+        resolve_family(args)
     local = looks_like_path(args.model)
     model = os.path.expanduser(args.model) if local else args.model
     served = args.served_model_name or (Path(model).name if local else args.model)
