@@ -174,13 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     if len({name for name, _ in names}) < len(names) or (earlier and earlier["label"] == args.label):
         return fail("each profile needs its own label: give this run another --label than "
                     + (f"the earlier run's ({earlier['label']!r})" if earlier else "--compare-label"))
-    settings = ClientSettings(args.max_tokens, args.dpi, args.temperature, args.max_attempts)
     profiles = []
     for name, url in names:  # every server checked before anything is converted
         try:
             client, status = connect(url, api_key_from_env(), args.model, ca_cert=args.ca_cert)
         except ServerUnusable as exc:
             return fail(str(exc))
+        # Each server's model family samples its own way, unless --temperature says otherwise.
+        temperature = status.family(client.model()).temperature if args.temperature is None else args.temperature
+        settings = ClientSettings(args.max_tokens, args.dpi, temperature, args.max_attempts)
         server = server_profile(client, status)
         if server.get("mixed"):
             return fail(f"{url} is a gateway to servers of different profiles ({server['mixed']}): a quality run "
@@ -188,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         if changed := check_and_record(args.out / name, {"server": server, "client": asdict(settings)}):
             return fail(f"{args.out / name} holds a run of another profile ({'; '.join(changed)}): give this one "
                         "another --label (or --out), or delete that folder to start it over")
-        profiles.append((name, client, server))
+        profiles.append((name, client, server, settings))
 
     runs = [earlier] if earlier else []
     try:
-        for name, client, server in profiles:
+        for name, client, server, settings in profiles:
             results = run_profile(args, bench, name, client, server, settings)
             if isinstance(results, int):
                 return results

@@ -95,8 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "default 0: --requests only")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the first level (default 2)")
     parser.add_argument("--max-tokens", type=int, default=1024, help="max_tokens per request (default 1024)")
-    parser.add_argument("--temperature", type=float, default=TEMPERATURE, help=f"sampling temperature ({TEMPERATURE})")
-    parser.add_argument("--top-p", type=float, default=TOP_P, help=f"top_p ({TOP_P})")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help=f"sampling temperature (default: the served model family's, {TEMPERATURE} for "
+                             "LightOnOCR-2, 0.1 for LightOnOCR-3)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help=f"top_p (default: the served model family's, {TOP_P} for LightOnOCR-2, 1.0 for LightOnOCR-3)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="generate exactly --max-tokens tokens per page (vLLM extension): repeatable timing")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
@@ -231,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     model = client.model()
+    family = status.family(model)  # its sampling, unless the flags say otherwise
+    args.temperature = family.temperature if args.temperature is None else args.temperature
+    args.top_p = family.top_p if args.top_p is None else args.top_p
     try:
         paths = find_images(args.images)
     except FileNotFoundError as exc:
@@ -245,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {w.error}", file=sys.stderr)
     print(f"{len(usable)} page(s) ready of {len(workloads)} input(s) in {prep_s:.2f} s "
           f"({sum(len(w.body) for w in usable) / 1e6:.1f} MB of request bodies, encoded once); "
-          f"model {model}, vLLM {status.version}, max_model_len {status.max_model_len}")
+          f"model {model} ({family.name}: temperature {args.temperature:g}, top_p {args.top_p:g}), "
+          f"vLLM {status.version}, max_model_len {status.max_model_len}")
     if not workloads:
         print("error: no image to send", file=sys.stderr)
         return 2

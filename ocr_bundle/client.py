@@ -21,6 +21,7 @@ import requests
 from urllib3.exceptions import ReadTimeoutError
 
 from . import tls
+from .families import Family, served_family
 
 from .settings import (
     CONNECT_TIMEOUT_S,
@@ -61,6 +62,10 @@ class ServerStatus:
     max_model_len: int | None = None
     version: str | None = None
     error: str | None = None
+
+    def family(self, model: str) -> Family:
+        """The served model's family (its sampling defaults, its grounding), by its name and checkpoint."""
+        return served_family(model, dict(zip(self.models, self.weights)).get(model))
 
     def describe(self) -> str:
         if not self.reachable:

@@ -96,6 +96,19 @@ def family_of(model: str, override: str | None = None) -> Family:
     return DEFAULT
 
 
+def served_family(model: str, weights: str | None = None) -> Family:
+    """A client's view: the family of a model a server serves, from its name and the checkpoint it
+    loaded (/v1/models' "root"). LightOnOCR-2-1B's when neither says, and for a model not served
+    by this bundle (a client still talks to it, with the default sampling)."""
+    for name in filter(None, (weights, model)):
+        try:
+            if family := _name_match(name):
+                return family
+        except FamilyError:
+            return DEFAULT
+    return DEFAULT
+
+
 def _config_of(model: str) -> dict:
     """A local checkpoint's config.json ({} for a hub id or a folder without one)."""
     path = Path(model).expanduser() / "config.json"

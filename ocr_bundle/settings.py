@@ -22,7 +22,8 @@ PAGE_PROMPT_TOKENS = 2200
 MAX_OUTPUT_TOKENS = 4096
 # 2,200 + 4,096 = 6,296 > 4,096: the article's --max-model-len 4096 truncates dense pages.
 DEFAULT_MAX_MODEL_LEN = 8192
-# LightOn's recommended sampling.
+# LightOn's recommended sampling for LightOnOCR-2 (ocr_bundle/families.py has each family's;
+# clients take the served model's unless told otherwise).
 TEMPERATURE = 0.2
 TOP_P = 0.9
 
@@ -119,8 +120,9 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=positive_int, default=4,
                         help="tries per page when a reply is cut at max_tokens or ends in a loop, each 0.2 "
                              "hotter (default 4)")
-    parser.add_argument("--temperature", type=float, default=TEMPERATURE,
-                        help=f"temperature of the first attempt (default {TEMPERATURE})")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="temperature of the first attempt (default: the served model family's, "
+                             f"{TEMPERATURE} for LightOnOCR-2, 0.1 for LightOnOCR-3)")
     parser.add_argument("--dpi", type=positive_int, default=PDF_RENDER_DPI,
                         help=f"PDF rendering resolution (default {PDF_RENDER_DPI}; the longest edge is capped at "
                              f"{TARGET_LONGEST_EDGE} px either way)")

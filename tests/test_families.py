@@ -93,3 +93,46 @@ def test_the_command_builder_takes_the_familys_context_when_none_was_asked(monke
     args = launcher.build_parser().parse_args(["--model", "lightonai/LightOnOCR-3-1B"])
     command, _ = launcher.build_command(args, [], "cuda")
     assert command[command.index("--max-model-len") + 1] == "16384"
+
+
+# ------------------------------------------------------------------ clients take the served family's sampling
+
+
+@pytest.fixture
+def three_1b():
+    """A scripted server serving LightOnOCR-3-1B by its hub id."""
+    from scripted_server import ScriptedServer
+
+    with ScriptedServer(models=("lightonai/LightOnOCR-3-1B",)) as running:
+        yield running
+
+
+@pytest.mark.usefixtures("no_server_environment")
+def test_the_converter_and_the_stress_test_sample_as_the_served_family_unless_told(three_1b, tmp_path, capsys):
+    import batch_ocr
+    import stress_test
+    from ocr_bundle.samples import sample_path
+
+    image = sample_path("table_screenshot.png")
+    assert batch_ocr.main(["--url", three_1b.url, "--out", str(tmp_path / "a"), "--quiet", str(image),
+                           "--max-attempts", "1"]) == 0
+    sent = three_1b.requests[-1].body
+    assert (sent["temperature"], sent["top_p"]) == (0.1, 1.0)
+    assert "(temperature 0.1, top_p 1)" in capsys.readouterr().err
+    assert batch_ocr.main(["--url", three_1b.url, "--out", str(tmp_path / "b"), "--quiet", str(image),
+                           "--max-attempts", "1", "--temperature", "0.3"]) == 0
+    assert three_1b.requests[-1].body["temperature"] == 0.3
+    assert stress_test.main(["--url", three_1b.url, "--images", str(image), "--warmup", "0", "--requests", "1",
+                             "--concurrency", "1", "--no-stream", "--quiet", "--out", str(tmp_path / "s")]) == 0
+    sent = three_1b.requests[-1].body
+    assert (sent["temperature"], sent["top_p"]) == (0.1, 1.0)
+    assert "(LightOnOCR-3-1B: temperature 0.1, top_p 1)" in capsys.readouterr().out
+
+
+def test_a_client_of_a_model_this_bundle_does_not_name_samples_as_lightonocr_2():
+    from ocr_bundle.client import ServerStatus
+
+    status = ServerStatus(True, ("lightonocr-tiny", "served-name"), ("/models/lightonocr-tiny", "/m/LightOnOCR-3-1B"))
+    assert status.family("lightonocr-tiny").name == "LightOnOCR-2-1B"
+    assert status.family("served-name").name == "LightOnOCR-3-1B"  # its checkpoint says which
+    assert ServerStatus(True, ("lightonai/LightOnOCR-3-4B",)).family("lightonai/LightOnOCR-3-4B").name == "LightOnOCR-2-1B"

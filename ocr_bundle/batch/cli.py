@@ -68,7 +68,6 @@ from ..settings import (
     PAGE_PROMPT_TOKENS,
     READ_TIMEOUT_S,
     TARGET_LONGEST_EDGE,
-    TOP_P,
     add_conversion_arguments,
     add_server_arguments,
     api_key_from_env,
@@ -274,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.max_tokens}: long pages will be cut (and flagged)", file=sys.stderr)
 
     settings = ConversionSettings(client.model(), args.max_tokens, args.dpi, TARGET_LONGEST_EDGE, args.encoding)
+    family = status.family(client.model())  # its sampling, unless --temperature says otherwise
+    temperature = family.temperature if args.temperature is None else args.temperature
     options = BatchOptions(concurrency=args.concurrency, render_workers=args.render_workers,
-                           max_attempts=args.max_attempts, temperature=args.temperature, top_p=TOP_P,
+                           max_attempts=args.max_attempts, temperature=temperature, top_p=family.top_p,
                            max_bytes=int(args.max_file_mb * 1e6), pages=args.pages, force=args.force,
                            redo_flagged=args.redo_flagged, server_wait_s=args.server_wait,
                            drain_s=args.drain_timeout)
@@ -306,7 +307,8 @@ def convert(args: argparse.Namespace, client: OcrClient, status: ServerStatus, s
     print(f"{len(documents)} file(s), {in_scope} page(s): {in_scope - todo} done before, {todo} to convert"
           + (f", {len(unreadable)} unreadable" if unreadable else "")
           + (f", {len(held)} held by another converter" if held else "")
-          + f" (read in {scan_s:.1f} s); server {client.base_url}, model {settings.model}", file=sys.stderr)
+          + f" (read in {scan_s:.1f} s); server {client.base_url}, model {settings.model} (temperature "
+          f"{options.temperature:g}, top_p {options.top_p:g})", file=sys.stderr)
     for document in documents:
         if document.note and document.todo:
             print(f"  {document.source.relative}: {document.note}", file=sys.stderr)
