@@ -95,11 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "default 0: --requests only")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the first level (default 2)")
     parser.add_argument("--max-tokens", type=int, default=1024, help="max_tokens per request (default 1024)")
-    parser.add_argument("--temperature", type=float, default=None,
-                        help=f"sampling temperature (default: the served model family's, {TEMPERATURE} for "
-                             "LightOnOCR-2, 0.1 for LightOnOCR-3)")
-    parser.add_argument("--top-p", type=float, default=None,
-                        help=f"top_p (default: the served model family's, {TOP_P} for LightOnOCR-2, 1.0 for LightOnOCR-3)")
+    parser.add_argument("--temperature", type=float, help=f"default: the model family's ({TEMPERATURE}; 3-1B 0.1)")
+    parser.add_argument("--top-p", type=float, help=f"top_p (default: the model family's, {TOP_P}; 3-1B 1.0)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="generate exactly --max-tokens tokens per page (vLLM extension): repeatable timing")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,

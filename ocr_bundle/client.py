@@ -22,6 +22,7 @@ from urllib3.exceptions import ReadTimeoutError
 
 from . import tls
 from .families import Family, served_family
+from .grounding import GROUNDING_PROMPT
 
 from .settings import (
     CONNECT_TIMEOUT_S,
@@ -154,14 +155,20 @@ def build_chat_request(
     top_p: float = TOP_P,
     stream: bool = True,
     ignore_eos: bool = False,
+    grounding: bool = False,
 ) -> dict:
     """The OpenAI chat body LightOnOCR expects: one user message holding only the page.
 
-    No text prompt: the model was trained without one and tends to repeat prompts.
+    No text prompt: the model was trained without one and tends to repeat prompts. The one
+    exception is LightOnOCR-3's grounding mode (`grounding`): the text part "grounding" after
+    the image asks for layout blocks with boxes (ocr_bundle/grounding.py reads them).
     """
+    content: list[dict] = [{"type": "image_url", "image_url": {"url": image_url}}]
+    if grounding:
+        content.append({"type": "text", "text": GROUNDING_PROMPT})
     body: dict = {
         "model": model,
-        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url}}]}],
+        "messages": [{"role": "user", "content": content}],
         "max_tokens": int(max_tokens),
         "temperature": float(temperature),
         "top_p": float(top_p),

@@ -61,6 +61,7 @@ from .status import corpus_status, status_report
 from .summary import run_summary, summary_lines
 from ..client import OcrClient, ServerStatus, ServerUnusable, connect
 from ..files import atomic_write_json, is_disk_full
+from ..grounding import parse_drop
 from ..inputs import InputFile, InputNotFound, discover, in_shard, parse_page_ranges, parse_shard
 from ..interrupts import GracefulInterrupt
 from ..progress import progress_bar
@@ -99,6 +100,13 @@ def shard(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def drop_labels(text: str) -> frozenset[str]:
+    try:
+        return parse_drop(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def summary_name(shard_of: tuple[int, int] | None) -> str:
     """run-summary.json, or one per shard: shards sharing an output tree keep their own."""
     return SUMMARY if shard_of is None else f"run-summary.shard-{shard_of[0]}-of-{shard_of[1]}.json"
@@ -127,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--encoding", choices=("PNG", "JPEG"), default="PNG", help="page encoding sent (default PNG)")
     parser.add_argument("--max-file-mb", type=positive_float, default=1024,
                         help="skip files larger than this many MB (10^6 bytes; default 1024)")
+    parser.add_argument("--grounding", action="store_true",
+                        help="LightOnOCR-3's grounding mode: per page, its layout blocks with boxes "
+                             "(pages/NNNN.blocks.jsonl), its pictures cut out (pages/NNNN-K-image.png) and Markdown "
+                             "made from them; a grounding run never reuses plain pages, nor the reverse")
+    parser.add_argument("--drop", type=drop_labels, default=frozenset(), metavar="LABELS",
+                        help="with --grounding: blocks left out of the assembled <name>.md, e.g. "
+                             "header,footer,page_number (default: keep everything; the blocks files keep them all)")
     parser.add_argument("--force", action="store_true", help="convert every page again, even those already done")
     parser.add_argument("--redo-flagged", action="store_true",
                         help="also convert again the pages flagged in earlier runs (cut or looping)")
@@ -245,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.inputs:
         parser.error("the following arguments are required: INPUT")
     started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    if args.drop and not args.grounding:
+        return fail("--drop leaves grounded blocks out: add --grounding")
     if not 0 <= args.max_failed_rate <= 1:
         return fail("--max-failed-rate is a fraction between 0 and 1")
     try:
@@ -272,14 +289,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{status.max_model_len - PAGE_PROMPT_TOKENS} output tokens for an A4 page, below --max-tokens "
               f"{args.max_tokens}: long pages will be cut (and flagged)", file=sys.stderr)
 
-    settings = ConversionSettings(client.model(), args.max_tokens, args.dpi, TARGET_LONGEST_EDGE, args.encoding)
     family = status.family(client.model())  # its sampling, unless --temperature says otherwise
+    if args.grounding and family.grounding != "blocks":
+        return fail(f"--grounding needs a LightOnOCR-3 model: {client.model()} is {family.name}, which has no "
+                    "grounding mode (serve lightonai/LightOnOCR-3-1B)")
+    settings = ConversionSettings(client.model(), args.max_tokens, args.dpi, TARGET_LONGEST_EDGE, args.encoding,
+                                  grounding=args.grounding)
     temperature = family.temperature if args.temperature is None else args.temperature
     options = BatchOptions(concurrency=args.concurrency, render_workers=args.render_workers,
                            max_attempts=args.max_attempts, temperature=temperature, top_p=family.top_p,
                            max_bytes=int(args.max_file_mb * 1e6), pages=args.pages, force=args.force,
                            redo_flagged=args.redo_flagged, server_wait_s=args.server_wait,
-                           drain_s=args.drain_timeout)
+                           drain_s=args.drain_timeout, drop=args.drop)
     with RenderPool(args.render_workers) as pool:
         return convert(args, client, status, settings, options, inputs, pool, started_at)
 

@@ -45,7 +45,8 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..files import atomic_write_json, atomic_write_text, fsync_folder
+from ..files import atomic_write_bytes, atomic_write_json, atomic_write_text, fsync_folder
+from ..grounding import Block, to_markdown
 from .locking import DocumentLock
 
 FORMAT = 2  # 1: one basis for the whole document (upgraded on load)
@@ -69,9 +70,13 @@ class ConversionSettings:
     dpi: int
     longest_edge: int
     encoding: str
+    grounding: bool = False  # LightOnOCR-3's layout blocks instead of plain Markdown
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.grounding:
+            del out["grounding"]  # plain runs keep the basis they always had: no page turns stale
+        return out
 
 
 def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
@@ -159,7 +164,7 @@ class DocumentOutput:
     # ------------------------------------------------------------ opening
     @classmethod
     def open(cls, folder: Path, source: Path, sha256: str, settings: ConversionSettings,
-             lock: DocumentLock | None = None) -> tuple[DocumentOutput, str | None]:
+             lock: DocumentLock | None = None, drop: frozenset[str] = frozenset()) -> tuple[DocumentOutput, str | None]:
         """The document's output under the current basis, with the earlier pages kept; with a
         note when some of them are stale (None when everything earlier still holds). Call it
         holding the folder's lock: a killed run's journal is compacted here. Nothing is written
@@ -184,6 +189,10 @@ class DocumentOutput:
         stat = source.stat()
         manifest.update(source=str(source.resolve()), source_sha256=sha256, source_bytes=stat.st_size,
                         source_mtime_ns=stat.st_mtime_ns, settings=settings.as_dict(), error=None)
+        # What the assembled document leaves out of grounded pages: a change rewrites the manifest,
+        # which makes <name>.md older than it, so the run reassembles it (no page converted again).
+        if drop or "drop" in manifest:
+            manifest["drop"] = sorted(drop)
         if known is None:
             manifest.update(kind=None, page_count=None)
         output = cls(folder, manifest, known, lock)
@@ -273,7 +282,7 @@ class DocumentOutput:
                 self._save()
 
     # ------------------------------------------------------------ writing
-    def record_page(self, page: int, record: dict, text: str | None) -> bool:
+    def record_page(self, page: int, record: dict, text: str | None, attachments: dict[str, bytes] | None = None) -> bool:
         """Store one finished page: its Markdown first, then its journal line. A page with text
         is replaced only by a result at least as good (ok > flagged > failed); a worse one is
         noted beside the text kept ("redo"). True when the record was stored as given. An
@@ -291,6 +300,9 @@ class DocumentOutput:
                 return False
         if text is not None:
             # Outside the lock: pages of one document are written side by side (each page by one sender).
+            # Attachments first (a grounded page's blocks, raw reply, pictures), the page's Markdown last.
+            for name, data in sorted((attachments or {}).items()):
+                atomic_write_bytes(self.folder / name, data, durable=True)
             path = self.page_file(page)
             atomic_write_text(path, text, durable=True)
             record["file"] = path.relative_to(self.folder).as_posix()
@@ -352,6 +364,18 @@ class DocumentOutput:
                 os.fsync(handle.fileno())
         self._journaled = 0
 
+    def _clean_blocks(self, record: dict) -> list[Block] | None:
+        """A grounded page's blocks when it parsed cleanly (None: use its page file as it is)."""
+        name = record.get("blocks_file")
+        if not name or record.get("status") != OK:
+            return None
+        try:
+            lines = (self.folder / name).read_text(encoding="utf-8").splitlines()
+            return [Block(b["label"], tuple(b["box"]), b["text"], b["continued"])
+                    for b in map(json.loads, filter(None, lines))]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def assembly_current(self) -> bool:
         """Does <name>.md reflect the record: present, newer than the manifest, no journal lines since?"""
         try:
@@ -374,12 +398,21 @@ class DocumentOutput:
         with self._lock:
             records = {n: dict(r) for n, r in self.manifest["pages"].items()}
             paged = self.manifest.get("kind") in PAGED_KINDS
+        drop = frozenset(self.manifest.get("drop") or ())
         parts = []
         for page in self.all_pages():
             record = records.get(str(page)) or {}
             heading = f"<!-- page {page} -->\n\n" if paged else ""
             if self.has_text(record):
-                text = (self.folder / record["file"]).read_text(encoding="utf-8")
+                blocks = self._clean_blocks(record)
+                if blocks is None:
+                    text = (self.folder / record["file"]).read_text(encoding="utf-8")
+                else:
+                    if blocks and blocks[0].continued and parts and not parts[-1].endswith("-->"):
+                        # A paragraph running on from the previous page: joined to it, not split by the page break.
+                        parts[-1] += " " + blocks[0].text
+                        blocks = blocks[1:]
+                    text = to_markdown(blocks, drop, {int(i): name for i, name in record.get("pictures", {}).items()})
                 if self.done_status(record) is None:
                     heading += (f"<!-- page {page} converted {_in_comment(self.why_stale(page))}: "
                                 "rerun to convert it again -->\n\n")

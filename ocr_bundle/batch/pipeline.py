@@ -36,7 +36,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path, PurePath, PurePosixPath
 
 import requests
 
@@ -58,6 +58,8 @@ from .manifest import (
     file_sha256,
     read_manifest,
 )
+from ..grounding import parse
+from .grounded import grounded_page
 from .locking import DocumentLock
 from .render_pool import CountJob, PageJob, RenderedPage, RenderPool
 from .repetition import Repetition, repeated_tail
@@ -84,6 +86,7 @@ class BatchOptions:
     max_transport_retries: int = 5
     server_wait_s: float = 180.0
     drain_s: float = 60.0
+    drop: frozenset[str] = frozenset()  # grounded blocks left out of the assembled documents (--drop)
 
     def temperatures(self) -> list[float]:
         """0.2 → 0.4 → 0.6 → 0.8 for four attempts from LightOn's 0.2."""
@@ -185,7 +188,7 @@ def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, 
                            None))
             continue
         try:
-            output, note = DocumentOutput.open(folder, item.path, sha256, settings, lock)
+            output, note = DocumentOutput.open(folder, item.path, sha256, settings, lock, options.drop)
         except OSError as exc:
             if is_disk_full(exc):
                 raise
@@ -239,15 +242,16 @@ class Attempt:
     completion_tokens: int | None
     latency_s: float
     repetition: Repetition | None
+    problems: tuple[str, ...] = ()  # a grounded reply's parsing problems (ocr_bundle.grounding)
 
     @property
     def clean(self) -> bool:
-        return self.finish_reason == "stop" and self.repetition is None
+        return self.finish_reason == "stop" and self.repetition is None and not self.problems
 
     def quality(self) -> tuple:
-        """Higher is better: clean, then no loop, then the shortest loop, then finished."""
+        """Higher is better: clean, then no loop, then the shortest loop, then finished, then fewest problems."""
         covered = self.repetition.covered_tokens if self.repetition else 0
-        return (self.clean, self.repetition is None, -covered, self.finish_reason == "stop")
+        return (self.clean, self.repetition is None, -covered, self.finish_reason == "stop", -len(self.problems))
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -257,6 +261,8 @@ class Attempt:
 
 def flag_of(attempt: Attempt, max_tokens: int) -> str | None:
     """Why a kept attempt is not clean, in words (None when it is)."""
+    if attempt.problems and attempt.finish_reason == "stop" and attempt.repetition is None:
+        return "grounding: " + "; ".join(attempt.problems[:3]) + (" …" if len(attempt.problems) > 3 else "")
     if attempt.repetition is not None:
         unit = attempt.repetition.unit
         return (f"ends in a loop: {unit[:40] + ('…' if len(unit) > 40 else '')!r} "
@@ -553,8 +559,13 @@ class BatchConverter:
             return
         finally:
             stats.send_cpu_s = time.thread_time() - cpu
+        attachments = None
+        if self.settings.grounding and text is not None:
+            page_file = PurePosixPath(document.output.page_file(page).relative_to(document.output.folder).as_posix())
+            text, attachments, fields = grounded_page(text, record["finish_reason"] == "length", rendered, page_file)
+            record.update(fields)
         try:
-            stored = document.output.record_page(page, record, text)
+            stored = document.output.record_page(page, record, text, attachments)
         except DocumentClosed:
             return  # the run is over and the folder let go: the page stays pending
         if not stored:
@@ -570,15 +581,18 @@ class BatchConverter:
                 break  # stopping: the attempts received are kept (flagged, for --redo-flagged)
             body = json.dumps(build_chat_request(self.settings.model, rendered.data_url,
                                                  max_tokens=self.settings.max_tokens, temperature=temperature,
-                                                 top_p=self.options.top_p, stream=False)).encode()
+                                                 top_p=self.options.top_p, stream=False,
+                                                 grounding=self.settings.grounding)).encode()
             try:
                 result = self._send(body, session, stats)
             except (PageFailed, PageAbandoned):
                 if not attempts:
                     raise
                 break  # keep the attempts that did answer
+            problems = (tuple(parse(result.text, cut=result.finish_reason == "length").problems)
+                        if self.settings.grounding else ())
             attempt = Attempt(temperature, result.finish_reason, result.prompt_tokens, result.completion_tokens,
-                              result.latency_s, repeated_tail(result.text))
+                              result.latency_s, repeated_tail(result.text), problems)
             attempts.append((attempt, result.text))
             if attempt.clean:
                 break

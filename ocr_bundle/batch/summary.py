@@ -67,8 +67,8 @@ def run_summary(converter: BatchConverter, documents: list[Document], *, started
         "server": server,
         "vllm_version": vllm_version,
         "settings": converter.settings.as_dict(),
-        "options": {k: v for k, v in dataclasses.asdict(converter.options).items()},
-        "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in args.items()},
+        "options": {k: _plain(v) for k, v in dataclasses.asdict(converter.options).items()},
+        "arguments": {k: _plain(v) for k, v in args.items()},
         "documents": len(documents),
         "pages": {"in_scope": in_scope, "skipped": in_scope - todo, "to_convert": todo, "ok": counts.ok,
                   "flagged": counts.flagged, "failed": counts.failed,
@@ -88,6 +88,15 @@ def run_summary(converter: BatchConverter, documents: list[Document], *, started
         "failed_pages": sorted(counts.failures, key=_where)[:LISTED],
         "flagged_pages": sorted(counts.flags, key=_where)[:LISTED],
     }
+
+
+def _plain(value: object) -> object:
+    """A value as JSON holds it: paths as text, sets as sorted lists."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    return value
 
 
 def _where(item: dict) -> tuple:
