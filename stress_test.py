@@ -37,15 +37,6 @@ from functools import partial
 from pathlib import Path
 
 from ocr_bundle.client import ServerUnusable, connect
-from ocr_bundle.images import (
-    MAX_PDF_PAGES_AT_ONCE,
-    InputError,
-    check_upload_size,
-    is_pdf,
-    pdf_page_count,
-    prepare_upload,
-    to_data_url,
-)
 from ocr_bundle.interrupts import GracefulInterrupt
 from ocr_bundle.loadtest.pollers import (
     GpuInfo,
@@ -57,7 +48,7 @@ from ocr_bundle.loadtest.pollers import (
     open_gpu_probe,
     per_server_stats,
 )
-from ocr_bundle.loadtest.replay import Replayer, Workload, calculate_metrics, prepare_workload
+from ocr_bundle.loadtest.replay import Replayer, Workload, calculate_metrics, load_workloads
 from ocr_bundle.loadtest.report import aligned_table, client_verdict, compare, write_reports
 from ocr_bundle.progress import progress_bar
 from ocr_bundle.samples import find_images
@@ -97,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=1024, help="max_tokens per request (default 1024)")
     parser.add_argument("--temperature", type=float, help=f"default: the model family's ({TEMPERATURE}; 3-1B 0.1)")
     parser.add_argument("--top-p", type=float, help=f"top_p (default: the model family's, {TOP_P}; 3-1B 1.0)")
+    parser.add_argument("--grounding", action="store_true", help="LightOnOCR-3's grounding requests (layout blocks)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="generate exactly --max-tokens tokens per page (vLLM extension): repeatable timing")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
@@ -129,32 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
                              "No key is sent: /metrics is open on every server")
     parser.add_argument("--quiet", action="store_true", help="no progress bar per level")
     return parser
-
-
-def load_workloads(paths: list[Path], args: argparse.Namespace, model: str) -> list[Workload]:
-    """Prepare every page once. A file that cannot be prepared stays in the list as an error,
-    so the requests it would have made are counted as failures, not silently dropped."""
-    workloads = []
-    request_options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                           stream=args.stream, ignore_eos=args.ignore_eos)
-    for path in paths:
-        try:
-            data = path.read_bytes()
-            check_upload_size(data)
-            if args.raw:
-                mime = "application/pdf" if is_pdf(data) else "image/" + (path.suffix.lstrip(".").lower() or "png")
-                pages = [(path.name, to_data_url(data, mime))]
-            elif is_pdf(data):
-                count = min(pdf_page_count(data), MAX_PDF_PAGES_AT_ONCE)
-                pages = [(f"{path.name}#p{n}", prepare_upload(data, n, fmt=args.encoding).data_url)
-                         for n in range(1, count + 1)]
-            else:
-                pages = [(path.name, prepare_upload(data, fmt=args.encoding).data_url)]
-            workloads += [prepare_workload(name, url, None, model, **request_options) for name, url in pages]
-        except (InputError, OSError) as exc:
-            workloads.append(prepare_workload(path.name, None, f"unusable input {path.name}: {exc}", model,
-                                              **request_options))
-    return workloads
 
 
 def read_idle_memory(gpu_probe) -> float | None:
@@ -240,7 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     prep_start = time.perf_counter()
-    workloads = load_workloads(paths, args, model)
+    if args.grounding and family.grounding != "blocks":
+        print(f"error: --grounding needs a LightOnOCR-3 model: {model} is {family.name}", file=sys.stderr)
+        return 2
+    workloads = load_workloads(paths, model, raw=args.raw, encoding=args.encoding, max_tokens=args.max_tokens,
+                               temperature=args.temperature, top_p=args.top_p, stream=args.stream,
+                               ignore_eos=args.ignore_eos, grounding=args.grounding)
     prep_s = time.perf_counter() - prep_start
     usable = [w for w in workloads if w.body is not None]
     for w in workloads:

@@ -136,3 +136,16 @@ def test_a_client_of_a_model_this_bundle_does_not_name_samples_as_lightonocr_2()
     assert status.family("lightonocr-tiny").name == "LightOnOCR-2-1B"
     assert status.family("served-name").name == "LightOnOCR-3-1B"  # its checkpoint says which
     assert ServerStatus(True, ("lightonai/LightOnOCR-3-4B",)).family("lightonai/LightOnOCR-3-4B").name == "LightOnOCR-2-1B"
+
+
+@pytest.mark.usefixtures("no_server_environment")
+def test_the_stress_test_sends_grounding_requests_when_asked_and_says_so(three_1b, tmp_path, server):
+    import stress_test
+    from ocr_bundle.samples import sample_path
+
+    image = str(sample_path("table_screenshot.png"))
+    common = ["--images", image, "--warmup", "0", "--requests", "2", "--concurrency", "1", "--no-stream", "--quiet"]
+    assert stress_test.main(["--url", three_1b.url, *common, "--grounding", "--out", str(tmp_path / "g")]) == 0
+    assert all(r.body["messages"][0]["content"][1] == {"type": "text", "text": "grounding"} for r in three_1b.requests)
+    assert "grounding requests (layout blocks)" in (tmp_path / "g" / "report.md").read_text()
+    assert stress_test.main(["--url", server.url, *common, "--grounding", "--out", str(tmp_path / "p")]) == 2

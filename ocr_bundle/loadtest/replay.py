@@ -14,11 +14,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import requests
 
 from ..client import OcrClient, OcrError, OcrResult, build_chat_request
 from ..draining import Countdown, drain
+from ..images import (MAX_PDF_PAGES_AT_ONCE, InputError, check_upload_size, is_pdf, pdf_page_count, prepare_upload,
+                      to_data_url)
 
 
 @dataclass(frozen=True)
@@ -126,12 +129,38 @@ def calculate_metrics(results: list[RequestResult], concurrency: int) -> LevelMe
 
 
 def prepare_workload(name: str, image_url: str | None, error: str | None, model: str, *, max_tokens: int,
-                     temperature: float, top_p: float, stream: bool, ignore_eos: bool) -> Workload:
+                     temperature: float, top_p: float, stream: bool, ignore_eos: bool,
+                     grounding: bool = False) -> Workload:
     if image_url is None:
         return Workload(name, None, error)
     body = build_chat_request(model, image_url, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              stream=stream, ignore_eos=ignore_eos)
+                              stream=stream, ignore_eos=ignore_eos, grounding=grounding)
     return Workload(name, json.dumps(body).encode())
+
+
+def load_workloads(paths: list[Path], model: str, *, raw: bool, encoding: str, **request_options) -> list[Workload]:
+    """Prepare every page once (`request_options`: prepare_workload's). A file that cannot be prepared
+    stays in the list as an error, so the requests it would have made are counted as failures, not
+    silently dropped. `raw`: the file's bytes as they are, not the page the model expects."""
+    workloads = []
+    for path in paths:
+        try:
+            data = path.read_bytes()
+            check_upload_size(data)
+            if raw:
+                mime = "application/pdf" if is_pdf(data) else "image/" + (path.suffix.lstrip(".").lower() or "png")
+                pages = [(path.name, to_data_url(data, mime))]
+            elif is_pdf(data):
+                count = min(pdf_page_count(data), MAX_PDF_PAGES_AT_ONCE)
+                pages = [(f"{path.name}#p{n}", prepare_upload(data, n, fmt=encoding).data_url)
+                         for n in range(1, count + 1)]
+            else:
+                pages = [(path.name, prepare_upload(data, fmt=encoding).data_url)]
+            workloads += [prepare_workload(name, url, None, model, **request_options) for name, url in pages]
+        except (InputError, OSError) as exc:
+            workloads.append(prepare_workload(path.name, None, f"unusable input {path.name}: {exc}", model,
+                                              **request_options))
+    return workloads
 
 
 class Replayer:

@@ -89,7 +89,8 @@ def markdown_report(report: dict) -> str:
         f"- Images: {', '.join(report.get('images', []))}",
         f"- Requests per level {args.get('requests')}, warm-up {args.get('warmup')}, max_tokens "
         f"{args.get('max_tokens')}, ignore_eos {args.get('ignore_eos')}, stream {args.get('stream')}, "
-        f"temperature {args.get('temperature')}",
+        f"temperature {args.get('temperature')}, top_p {args.get('top_p')}"
+        + (", grounding requests (layout blocks)" if args.get("grounding") else ""),
         "",
         markdown_table(*rows(report)),
         "",
