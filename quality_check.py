@@ -48,10 +48,10 @@ import datetime as dt
 import json
 import re
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from ocr_bundle.client import OcrClient, ServerUnusable, connect
+from ocr_bundle.batch.cli import drop_labels
 from ocr_bundle.quality.bench import PDFS, Bench, BenchError, load_bench, prepare_score_folder, write_candidate
 from ocr_bundle.quality.compare import NotComparable, compare, complete_pairs
 from ocr_bundle.quality.convert import ClientSettings, convert_repeat, converted_pages
@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the second server's label (default 'compare')")
     parser.add_argument("--compare", type=Path, default=None, metavar="RESULTS",
                         help="an earlier run to compare with: its results.json or its label folder")
+    parser.add_argument("--grounding", action="store_true",
+                        help="convert in LightOnOCR-3's grounding mode; the Markdown scored is made from the blocks")
+    parser.add_argument("--drop", type=drop_labels, default=frozenset(), metavar="LABELS",
+                        help="with --grounding: blocks left out of the Markdown scored, e.g. header,footer,page_number "
+                             "(the headers_footers tests ask for that)")
     parser.add_argument("--allow-missing", action="store_true",
                         help="compare runs that have pages missing (failed or not converted), on the tests of the "
                              "pages both converted; without it such a comparison is refused (exit 2)")
@@ -130,7 +135,7 @@ def run_profile(args: argparse.Namespace, bench: Bench, name: str, client: OcrCl
         if status in (2, 130):
             return status
         statuses.append(status)
-    pages, missing = converted_pages(bench, run, args.repeats)
+    pages, missing = converted_pages(bench, run, args.repeats, frozenset(settings.drop))
     score_dir = args.out / SCORE_FOLDER
     prepare_score_folder(bench, score_dir)
     candidate = write_candidate(score_dir, name, pages)
@@ -141,7 +146,7 @@ def run_profile(args: argparse.Namespace, bench: Bench, name: str, client: OcrCl
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "bench": {"path": str(bench.root), "pdfs": len(bench.pdfs), "tests": len(score.tests),
                   "fingerprint": bench.fingerprint()},
-        "server": server, "client": asdict(settings), "repeats": args.repeats,
+        "server": server, "client": settings.as_dict(), "repeats": args.repeats,
         "conversion": {"pages_missing": missing, "converter_exit_status": statuses},
         "score_folder": str(score_dir), "score": score.as_dict(),
         "overall_without_headers_footers": score.overall_without(),
@@ -168,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         earlier = load_earlier(args.compare, bench) if args.compare else None
     except (BenchError, OlmocrMissing) as exc:
         return fail(str(exc))
+    if args.drop and not args.grounding:
+        return fail("--drop leaves grounded blocks out: add --grounding")
     if args.compare_url and args.compare:
         return fail("--compare-url and --compare each give the run a second profile: use one")
     names = [(args.label, args.url)] + ([(args.compare_label, args.compare_url)] if args.compare_url else [])
@@ -182,12 +189,15 @@ def main(argv: list[str] | None = None) -> int:
             return fail(str(exc))
         # Each server's model family samples its own way, unless --temperature says otherwise.
         temperature = status.family(client.model()).temperature if args.temperature is None else args.temperature
-        settings = ClientSettings(args.max_tokens, args.dpi, temperature, args.max_attempts)
+        settings = ClientSettings(args.max_tokens, args.dpi, temperature, args.max_attempts, args.grounding,
+                                  tuple(sorted(args.drop)))
+        if args.grounding and status.family(client.model()).grounding != "blocks":
+            return fail(f"--grounding needs a LightOnOCR-3 model: {url} serves {client.model()}")
         server = server_profile(client, status)
         if server.get("mixed"):
             return fail(f"{url} is a gateway to servers of different profiles ({server['mixed']}): a quality run "
                         "measures one profile; check one server at a time, or make the fleet alike")
-        if changed := check_and_record(args.out / name, {"server": server, "client": asdict(settings)}):
+        if changed := check_and_record(args.out / name, {"server": server, "client": settings.as_dict()}):
             return fail(f"{args.out / name} holds a run of another profile ({'; '.join(changed)}): give this one "
                         "another --label (or --out), or delete that folder to start it over")
         profiles.append((name, client, server, settings))

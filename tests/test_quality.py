@@ -225,6 +225,28 @@ def test_only_pages_done_under_the_runs_settings_are_scored(tmp_path: Path):
     assert missing == 2
 
 
+def test_a_grounded_run_scores_the_markdown_of_its_blocks_with_the_chosen_drop(tmp_path: Path):
+    from ocr_bundle.quality.convert import ClientSettings
+
+    make_bench.write_bench(tmp_path / "bench", 1)
+    bench = load_bench(tmp_path / "bench")
+    source = bench.pdf_folder / bench.pdfs[0]
+    folder = repeat_folder(tmp_path / "run", 1) / bench.pdfs[0]
+    output, _ = DocumentOutput.open(folder, source, _sha(source), ConversionSettings("m", 64, 200, 1540, "PNG", True))
+    output.describe("pdf", 1)
+    blocks = ('{"label": "header", "box": [0, 0, 1000, 50], "text": "Running head", "continued": false}\n'
+              '{"label": "text", "box": [0, 100, 1000, 900], "text": "The body.", "continued": false}\n')
+    output.record_page(1, {"status": "ok", "blocks_file": "pages/0001.blocks.jsonl"}, "Running head\n\nThe body.",
+                       {"pages/0001.blocks.jsonl": blocks.encode()})
+    kept, _ = converted_pages(bench, tmp_path / "run", repeats=1)
+    dropped, _ = converted_pages(bench, tmp_path / "run", repeats=1, drop=frozenset({"header"}))
+    assert list(kept.values()) == ["Running head\n\nThe body."] and list(dropped.values()) == ["The body."]
+    plain = ClientSettings(64, 200, 0.2, 1)
+    assert plain.as_dict() == {"max_tokens": 64, "dpi": 200, "temperature": 0.2, "max_attempts": 1}  # as before
+    grounded = ClientSettings(64, 200, 0.1, 1, True, ("footer", "header"))
+    assert grounded.as_dict()["drop"] == ("footer", "header") and "--grounding" in grounded.batch_arguments()
+
+
 def _sha(path: Path) -> str:
     from ocr_bundle.batch.manifest import file_sha256
 

@@ -364,6 +364,23 @@ class DocumentOutput:
                 os.fsync(handle.fileno())
         self._journaled = 0
 
+    def page_markdown(self, record: dict, drop: frozenset[str] = frozenset(),
+                      join_continued: bool = False) -> tuple[str, str | None]:
+        """A page's Markdown as a document holds it, and the text it carries over to the previous
+        page (a grounded page whose first block continues it, when `join_continued`). A grounded
+        page that parsed cleanly is made from its blocks, without those in `drop`, pictures linked
+        from the document's folder; any other page is its file."""
+        blocks = self._clean_blocks(record)
+        if blocks is None:
+            return (self.folder / record["file"]).read_text(encoding="utf-8"), None
+        pictures = {int(index): name for index, name in record.get("pictures", {}).items()}
+        carried = None
+        if join_continued and blocks and blocks[0].continued:
+            carried = blocks[0].text
+            pictures = {index - 1: name for index, name in pictures.items() if index}
+            blocks = blocks[1:]
+        return to_markdown(blocks, drop, pictures), carried
+
     def _clean_blocks(self, record: dict) -> list[Block] | None:
         """A grounded page's blocks when it parsed cleanly (None: use its page file as it is)."""
         name = record.get("blocks_file")
@@ -404,15 +421,10 @@ class DocumentOutput:
             record = records.get(str(page)) or {}
             heading = f"<!-- page {page} -->\n\n" if paged else ""
             if self.has_text(record):
-                blocks = self._clean_blocks(record)
-                if blocks is None:
-                    text = (self.folder / record["file"]).read_text(encoding="utf-8")
-                else:
-                    if blocks and blocks[0].continued and parts and not parts[-1].endswith("-->"):
-                        # A paragraph running on from the previous page: joined to it, not split by the page break.
-                        parts[-1] += " " + blocks[0].text
-                        blocks = blocks[1:]
-                    text = to_markdown(blocks, drop, {int(i): name for i, name in record.get("pictures", {}).items()})
+                joined = parts and not parts[-1].endswith("-->")
+                text, carried = self.page_markdown(record, drop, join_continued=bool(joined))
+                if carried:  # a paragraph running on from the previous page: joined to it, not split by the break
+                    parts[-1] += " " + carried
                 if self.done_status(record) is None:
                     heading += (f"<!-- page {page} converted {_in_comment(self.why_stale(page))}: "
                                 "rerun to convert it again -->\n\n")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..batch.manifest import DONE, MANIFEST, DocumentOutput
@@ -31,10 +31,20 @@ class ClientSettings:
     dpi: int
     temperature: float
     max_attempts: int
+    grounding: bool = False  # LightOnOCR-3's layout blocks; the Markdown scored is made from them
+    drop: tuple[str, ...] = ()  # grounded blocks left out of the Markdown scored (e.g. header, footer)
+
+    def as_dict(self) -> dict:
+        """The client's side of the profile; grounding and drop only when used (runs before them resume)."""
+        out = asdict(self)
+        for key in ("grounding", "drop"):
+            if not out[key]:
+                del out[key]
+        return out
 
     def batch_arguments(self) -> list[str]:
-        return ["--max-tokens", str(self.max_tokens), "--dpi", str(self.dpi), "--temperature", str(self.temperature),
-                "--max-attempts", str(self.max_attempts)]
+        return (["--max-tokens", str(self.max_tokens), "--dpi", str(self.dpi), "--temperature", str(self.temperature),
+                 "--max-attempts", str(self.max_attempts)] + (["--grounding"] if self.grounding else []))
 
 
 def repeat_folder(run: Path, repeat: int) -> Path:
@@ -60,9 +70,11 @@ def convert_repeat(bench: Bench, run: Path, repeat: int, client: OcrClient, sett
         return process.wait()
 
 
-def converted_pages(bench: Bench, run: Path, repeats: int) -> tuple[dict[tuple[str, int, int], str], int]:
+def converted_pages(bench: Bench, run: Path, repeats: int,
+                    drop: frozenset[str] = frozenset()) -> tuple[dict[tuple[str, int, int], str], int]:
     """{(pdf, page, repeat): Markdown} for every page done under the run's settings, and how many
-    pages of the benchmark's PDFs are not (failed, left pending, or never converted)."""
+    pages of the benchmark's PDFs are not (failed, left pending, or never converted). A grounded
+    page's Markdown leaves out the blocks in `drop`."""
     by_source = {(bench.pdf_folder / name).resolve(): name for name in bench.pdfs}
     texts: dict[tuple[str, int, int], str] = {}
     expected = 0
@@ -76,7 +88,6 @@ def converted_pages(bench: Bench, run: Path, repeats: int) -> tuple[dict[tuple[s
                 continue
             counts[name] = manifest.get("page_count") or 1
             for page in sorted(output.done_pages(DONE)):
-                record = manifest["pages"][str(page)]
-                texts[(name, page, repeat)] = (output.folder / record["file"]).read_text(encoding="utf-8")
+                texts[(name, page, repeat)] = output.page_markdown(manifest["pages"][str(page)], drop)[0]
         expected += sum(counts.get(name, 1) for name in bench.pdfs)
     return texts, expected - len(texts)
