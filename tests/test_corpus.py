@@ -40,9 +40,9 @@ def run_batch(url: str, out: Path, *argv: str) -> subprocess.Popen:
                             env={**os.environ, "VLLM_API_KEY": ""})
 
 
-def status(out: Path) -> tuple[int, str]:
-    done = subprocess.run([PYTHON, str(ROOT / "batch_ocr.py"), "--status", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+def status(out: Path, *corpus: Path) -> tuple[int, str]:
+    done = subprocess.run([PYTHON, str(ROOT / "batch_ocr.py"), "--status", str(out), *map(str, corpus)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
     return done.returncode, done.stdout + done.stderr
 
 
@@ -117,7 +117,7 @@ def test_two_shards_and_an_overlapping_full_run_on_one_output_tree_convert_each_
     assert server.chat_count() == 19  # no page was converted twice
     assert {p.name for p in out.glob("run-summary*.json")} == {
         "run-summary.json", "run-summary.shard-1-of-2.json", "run-summary.shard-2-of-2.json"}
-    code, report = status(out)
+    code, report = status(out, tmp_path / "in")
     assert code == 0 and "complete: every page of the 7 document(s) is done" in report, report
 
 
@@ -402,6 +402,17 @@ def test_status_says_what_is_left_and_exits_0_only_when_every_page_is_done(serve
     assert code == 1 and "its input changed since it was converted" in report
 
     assert batch_ocr.main(["--status", str(tmp_path / "nowhere")]) == 2
-    with pytest.raises(SystemExit):
-        batch_ocr.main(["--status", str(out), str(pdf)])
-    assert "give it no inputs" in capsys.readouterr().err
+
+
+def test_status_with_the_corpus_names_the_files_no_run_has_started(server, tmp_path, capsys):
+    for n in range(4):
+        small_png(tmp_path / "in" / f"scan{n}.png")
+    out = tmp_path / "out"
+    shards = [run for run in (1, 2) if convert(capsys, server.url, out, str(tmp_path / "in"), "--shard", f"{run}/2").code == 0]
+    assert shards == [1, 2]
+    code, report = status(out, tmp_path / "in")
+    assert code == 0 and "complete: every page of the 4 document(s) is done" in report, report
+    small_png(tmp_path / "in" / "late.png")  # added to the corpus since: in no output yet
+    code, report = status(out, tmp_path / "in")
+    assert code == 1 and "late.png" in report and "not started: no run has converted it yet" in report
+    assert status(out)[0] == 0  # without the corpus, --status knows only what was started

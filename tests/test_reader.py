@@ -182,8 +182,8 @@ def test_three_shards_at_once_read_every_page_of_a_corpus_once(reader_server, tm
     for name, lines in texts.items():
         for page, line in enumerate(lines, start=1):
             assert (out / name / "pages" / f"{page:04d}.md").read_text().strip() == line
-    status = subprocess.run([PYTHON, str(ROOT / "batch_ocr.py"), "--status", str(out)], capture_output=True, text=True,
-                            cwd=ROOT, timeout=60)
+    status = subprocess.run([PYTHON, str(ROOT / "batch_ocr.py"), "--status", str(out), str(inputs)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert status.returncode == 0 and "complete: every page of the 6 document(s) is done" in status.stdout, status.stdout
 
 

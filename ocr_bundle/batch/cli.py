@@ -6,7 +6,7 @@
     python batch_ocr.py scans/ --concurrency 256            # a dedicated GPU: more pages in flight
     python batch_ocr.py scans/ --quiet >> convert.log       # log lines instead of a progress bar
     python batch_ocr.py corpus/ --shard 2/3 --out shared/   # machine 2 of 3: its third of corpus/
-    python batch_ocr.py --status shared/                    # is every page of every document done?
+    python batch_ocr.py --status shared/ corpus/            # is every page of every file of corpus/ done?
 
 Per input file, a folder in --out named like it (scans/a.pdf → OUT/scans/a.pdf/) with
 pages/0001.md… (one Markdown file per page), the assembled <name>.md and manifest.json
@@ -118,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="files, folders (searched recursively) and glob patterns (quote them)")
     parser.add_argument("--out", type=Path, default=Path("ocr-out"), help="output folder (default ./ocr-out)")
     parser.add_argument("--status", type=Path, metavar="OUT", default=None,
-                        help="report what is done under the output folder OUT (every shard's) and exit: "
-                             "0 when every page of every document is done; needs no server")
+                        help="report what is done under the output folder OUT (every shard's) and exit: 0 when every "
+                             "page of every document is done; needs no server. With the corpus's INPUTs, files no run "
+                             "has started count too (a shard that never ran)")
     parser.add_argument("--shard", type=shard, metavar="K/N", default=None,
                         help="convert only the K-th of N parts of the inputs (split by relative path, the same "
                              "on every machine): N converters, one per machine, share a corpus")
@@ -242,10 +243,15 @@ def check_writable(out: Path) -> str | None:
     return None
 
 
-def report_status(out: Path) -> int:
+def report_status(out: Path, inputs: list[str]) -> int:
+    """--status OUT [INPUTS]: every document under OUT; with the corpus's inputs, those no run has started too."""
     if not out.is_dir():
         return fail(f"no such output folder: {out}")
-    report, complete = status_report(out, corpus_status(out))
+    try:
+        corpus = discover(inputs, recursive=True) if inputs else []
+    except InputNotFound as exc:
+        return fail(str(exc))
+    report, complete = status_report(out, corpus_status(out, corpus))
     print(report)
     return 0 if complete else 1
 
@@ -254,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.status is not None:
-        if args.inputs:
-            parser.error("--status OUT reads an output folder: give it no inputs")
-        return report_status(args.status)
+        return report_status(args.status, args.inputs)
     if not args.inputs:
         parser.error("the following arguments are required: INPUT")
     started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

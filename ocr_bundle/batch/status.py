@@ -1,6 +1,7 @@
 """`batch_ocr.py --status OUT`: is a corpus finished? Read only, no server needed.
 
-Reads every document folder under OUT (written by any number of converters and shards):
+Reads every document folder under OUT (written by any number of converters and shards), and,
+given the corpus's inputs, names each file no run has started (a shard that never ran):
 per document and overall, pages done (ok, flagged), failed, stale (converted from an
 earlier version of the file or under other settings), pending (never converted); whether
 a live converter holds the document now; whether `<name>.md` is current. A corpus is
@@ -14,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..inputs import InputFile
 from ..tables import aligned
 from .locking import holder_of
 from .manifest import FAILED, MANIFEST, DocumentOutput, file_sha256
@@ -85,8 +87,16 @@ def _source_changed(manifest: dict) -> str | None:
     return None if same else "its input changed since it was converted: rerun to convert it again"
 
 
-def corpus_status(out: Path) -> list[DocumentStatus]:
-    return [document_status(path.parent) for path in sorted(out.rglob(MANIFEST))]
+def corpus_status(out: Path, inputs: list[InputFile] = ()) -> list[DocumentStatus]:
+    """Every document folder under `out`; and each of `inputs` (the corpus, when given) that no
+    run has started, as a document of no pages with that problem: a shard that never ran."""
+    documents = [document_status(path.parent) for path in sorted(out.rglob(MANIFEST))]
+    started = {Path(d.source).resolve() for d in documents if d.source != "?"}
+    for item in inputs:
+        if item.path.resolve() not in started:
+            documents.append(DocumentStatus(out / item.relative, str(item.path),
+                                            problem="not started: no run has converted it yet"))
+    return documents
 
 
 def _state(document: DocumentStatus) -> str:
