@@ -23,6 +23,7 @@ and client side (requests, Pillow, pypdfium2, tqdm):
 - client:     the OpenAI-compatible HTTP client for vLLM (status, server and model, OCR, errors)
 - images:     uploads (images, PDFs, multi-page TIFFs) → the page images the model expects
 - progress:   the progress bar
+- page:       the page's handlers and layout (app_vllm.py runs it), grounding drawn on the page
 
 serve/    the server side: the launcher's decisions, scale-out, attention and tuning
           choices, process control, the warm-up page, the vLLM patch and the every-route

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app_vllm import OcrPage
+from ocr_bundle.page import OcrPage
 from conftest import TEST_MAX_MODEL_LEN
 from helpers import PYTHON, ROOT, free_port, running_requests, start_process, stop_group, wait_for, wait_until_ready
 from ocr_bundle.client import OcrClient, OcrError

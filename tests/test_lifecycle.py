@@ -13,7 +13,7 @@ import gradio as gr
 import pytest
 import requests
 
-from app_vllm import OcrPage
+from ocr_bundle.page import OcrPage
 from conftest import TEST_MAX_MODEL_LEN
 from helpers import PYTHON, ROOT, free_port
 from ocr_bundle.client import OcrClient, OcrError

@@ -8,7 +8,7 @@ import re
 import gradio as gr
 import pytest
 
-from app_vllm import OcrPage, PageSettings, build_ui, pages_to_process
+from ocr_bundle.page import OcrPage, PageSettings, build_ui, pages_to_process
 from ocr_bundle.client import OcrClient
 from ocr_bundle.samples import sample_path
 from test_images import make_pdf

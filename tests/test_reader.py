@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app_vllm import PAGE_SEPARATOR, OcrPage
+from ocr_bundle.page import PAGE_SEPARATOR, OcrPage
 from helpers import PYTHON, READER_CHECKPOINT, ROOT, server_requests
 from ocr_bundle.client import OcrClient
 from ocr_bundle.images import prepare_image_bytes
