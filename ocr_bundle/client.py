@@ -264,10 +264,11 @@ class OcrClient:
         top_p: float = TOP_P,
         ignore_eos: bool = False,
         session: requests.Session | None = None,
+        grounding: bool = False,
     ) -> Iterator[str | OcrResult]:
         """Yield text deltas as they arrive, then one final OcrResult. Raises OcrError."""
         body = build_chat_request(self.model(), image_url, max_tokens=max_tokens, temperature=temperature,
-                                  top_p=top_p, stream=True, ignore_eos=ignore_eos)
+                                  top_p=top_p, stream=True, ignore_eos=ignore_eos, grounding=grounding)
         yield from self.stream_body(json.dumps(body).encode(), max_tokens, session=session)
 
     def stream_body(

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
+from PIL import Image, ImageDraw
 
 from .client import OcrClient, OcrError, OcrResult
+from .grounding import DROPPABLE, parse, to_markdown
 from .images import (
     MAX_PDF_PAGES_AT_ONCE,
     MAX_UPLOAD_BYTES,
@@ -173,34 +175,82 @@ class OcrPage:
 
     def extract(self, path: str | None, page: int = 1, all_pages: bool = False,
                 max_tokens: int = MAX_OUTPUT_TOKENS, temperature: float = TEMPERATURE,
-                encoding: str = "PNG") -> Iterator[tuple[str, str, str]]:
-        """Stream (rendered markdown, raw text, stats) while the pages are read."""
+                encoding: str = "PNG", grounding: bool = False,
+                drop: list[str] | tuple[str, ...] = ()) -> Iterator[tuple[str, str, str, list | None]]:
+        """Stream (rendered markdown, raw text, stats, pages with their blocks drawn) while the pages
+        are read. `grounding`: LightOnOCR-3's layout blocks; the Markdown is made from them, without
+        the labels in `drop`, and each page comes back with its blocks drawn on it."""
         start = time.perf_counter()
         data = self._read(path)
         try:
             numbers = pages_to_process(data, int(page or 1), bool(all_pages), self.settings.max_upload_bytes)
         except InputError as exc:
             raise user_error(exc) from exc
+        if grounding:
+            self._check_grounding()
         texts: list[str] = []
+        shown: list[str] = []
+        drawn: list[tuple[Image.Image, str]] = []
+        notes: list[str] = []
         done: list[tuple[PreparedImage, OcrResult]] = []
         for number in numbers:
             try:
                 image = prepare_upload(data, number, fmt=encoding, max_bytes=self.settings.max_upload_bytes)
                 current = ""
                 for event in self.client.stream_ocr(image.data_url, max_tokens=int(max_tokens),
-                                                    temperature=float(temperature)):
+                                                    temperature=float(temperature), grounding=bool(grounding)):
                     if isinstance(event, OcrResult):
                         done.append((image, event))
                     else:
                         current += event
                         text = PAGE_SEPARATOR.join(texts + [current])
-                        yield text, text, f"Reading page {number} of {len(numbers)}… {len(current):,} characters"
+                        yield (PAGE_SEPARATOR.join(shown + [current]), text,
+                               f"Reading page {number} of {len(numbers)}… {len(current):,} characters", drawn or None)
                 texts.append(current)
+                if grounding:
+                    parsed = parse(current, cut=done[-1][1].finish_reason == "length")
+                    shown.append(to_markdown(parsed.blocks, frozenset(drop)) if parsed.clean else current)
+                    drawn.append((draw_blocks(decode_data_url(image.data_url), parsed.blocks),
+                                  f"page {number}: {len(parsed.blocks)} block(s)"))
+                    notes += [f"page {number}: {problem}" for problem in parsed.problems]
+                else:
+                    shown.append(current)
             except (InputError, OcrError) as exc:
                 where = f" (page {number})" if len(numbers) > 1 else ""
                 raise user_error(f"{exc}{where}") from exc
-        text = PAGE_SEPARATOR.join(texts)
-        yield text, text, format_stats(done, time.perf_counter() - start)
+        stats = format_stats(done, time.perf_counter() - start)
+        if notes:
+            stats += "  \n" + "  \n".join(f"⚠️ grounding: {note} (the raw text is shown)" for note in notes[:5])
+        yield PAGE_SEPARATOR.join(shown), PAGE_SEPARATOR.join(texts), stats, drawn or None
+
+    def _check_grounding(self) -> None:
+        status = self.client.status()
+        family = status.family(self.client.model())
+        if family.grounding != "blocks":
+            raise user_error(f"Grounding needs LightOnOCR-3: the server serves {self.client.model()} "
+                             f"({family.name}), which has no grounding mode.")
+
+
+# One colour per kind of block, so that the page reads at a glance.
+BLOCK_COLOURS = {"title": "#d62728", "section": "#ff7f0e", "header": "#7f7f7f", "footer": "#7f7f7f",
+                 "page_number": "#7f7f7f", "image": "#2ca02c", "chart": "#2ca02c", "table": "#9467bd",
+                 "caption": "#8c564b", "formula": "#e377c2", "code": "#17becf"}
+
+
+def draw_blocks(page: Image.Image, blocks: list) -> Image.Image:
+    """The page with each block's box drawn and labelled (blue for text and the rest)."""
+    drawn = page.convert("RGB")
+    pen = ImageDraw.Draw(drawn)
+    width = max(2, round(max(drawn.size) / 400))
+    for index, block in enumerate(blocks, start=1):
+        colour = BLOCK_COLOURS.get(block.label, "#1f77b4")
+        x1, y1, x2, y2 = block.pixels(*drawn.size)
+        pen.rectangle((x1, y1, x2, y2), outline=colour, width=width)
+        tag = f"{index} {block.label}" + ("+" if block.continued else "")
+        left, top, right, bottom = pen.textbbox((x1, y1), tag)
+        pen.rectangle((left, top, right + 4, bottom + 2), fill=colour)
+        pen.text((x1 + 2, y1), tag, fill="white")
+    return drawn
 
 
 def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.Blocks:
@@ -230,6 +280,10 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
                                             info=f"{TEMPERATURE} is the model's recommendation")
                     encoding = gr.Radio(["PNG", "JPEG"], value="PNG", label="Encoding sent to the server",
                                         info="PNG is lossless; JPEG is smaller for slow links")
+                    grounding = gr.Checkbox(False, label="Grounding: layout blocks with boxes (LightOnOCR-3)",
+                                            elem_id="grounding")
+                    drop = gr.CheckboxGroup(list(DROPPABLE), label="Leave out of the Markdown (grounding)",
+                                            elem_id="drop")
                 extract_button = gr.Button("Extract text", variant="primary", elem_id="extract")
                 gr.Examples(examples=[[str(p)] for p in sample_paths()], inputs=[upload], label="Sample pages")
             with gr.Column(scale=2):
@@ -241,8 +295,11 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
                     with gr.Tab("Raw text"):
                         raw = gr.Textbox(lines=24, max_lines=60, buttons=["copy"], label="Markdown",
                                          elem_id="raw")
+                    with gr.Tab("Blocks"):
+                        blocks = gr.Gallery(label="Layout blocks (grounding)", columns=1, height=600,
+                                            elem_id="blocks")
         # A new file clears the previous result first, so an error never sits next to old text.
-        upload.change(lambda: ("", "", ""), None, [rendered, raw, stats], queue=False)
+        upload.change(lambda: ("", "", "", None), None, [rendered, raw, stats, blocks], queue=False)
         uploaded = upload.change(on_upload, [upload], [page_number, all_pages, preview],
                                  concurrency_limit=settings.concurrency)
         # A file the preview already refused would only raise the same message again on
@@ -251,8 +308,9 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
         uploaded.failure(lambda: gr.update(interactive=False), None, extract_button, queue=False)
         page_number.release(on_page_change, [upload, page_number], [preview],
                             concurrency_limit=settings.concurrency)
-        extract_button.click(extract, [upload, page_number, all_pages, max_tokens, temperature, encoding],
-                             [rendered, raw, stats], concurrency_limit=settings.concurrency, api_name="extract")
+        extract_button.click(extract, [upload, page_number, all_pages, max_tokens, temperature, encoding, grounding,
+                                       drop], [rendered, raw, stats, blocks], concurrency_limit=settings.concurrency,
+                             api_name="extract")
         refresh.click(server_status, None, status)
         gr.Timer(15).tick(server_status, None, status)  # the line follows a server restart
     return page

@@ -4,7 +4,8 @@ HTTP error with Retry-After, a reset connection, a stall, malformed JSON).
 
 Standard library only, so the fast tier runs without vLLM. It serves /health, /version,
 /v1/models and POST /v1/chat/completions (non-streaming, the batch converter's and the
-stress test's --no-stream path); the real-server tests cover everything else.
+stress test's --no-stream path; streamed as server-sent events when asked, the page's path);
+the real-server tests cover everything else.
 
     with ScriptedServer() as server:
         server.responder = lambda request: Reply(status=429, retry_after=1) if request.index < 2 else Reply()
@@ -146,6 +147,8 @@ class ScriptedServer:
                 elif reply.status != 200:
                     headers = {"Retry-After": f"{reply.retry_after:g}"} if reply.retry_after is not None else {}
                     self._send_json(reply.status, {"error": {"message": reply.error}}, headers)
+                elif body.get("stream"):
+                    self._stream(body, reply)
                 else:
                     self._send_json(200, {
                         "id": f"chatcmpl-{len(server.requests)}", "object": "chat.completion", "model": body["model"],
@@ -153,6 +156,24 @@ class ScriptedServer:
                                      "message": {"role": "assistant", "content": reply.text}}],
                         "usage": {"prompt_tokens": 100, "completion_tokens": reply.completion_tokens,
                                   "total_tokens": 100 + reply.completion_tokens}})
+
+            def _stream(self, body: dict, reply: Reply) -> None:
+                """Server-sent events as vLLM sends them: the text in a few deltas, the finish reason, usage."""
+                words = reply.text.split(" ")
+                deltas = [word + (" " if i < len(words) - 1 else "") for i, word in enumerate(words)]
+                chunks = [{"choices": [{"index": 0, "delta": {"content": delta}, "finish_reason": None}]}
+                          for delta in deltas]
+                chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]})
+                chunks.append({"choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": reply.completion_tokens,
+                                                        "total_tokens": 100 + reply.completion_tokens}})
+                events = b"".join(b"data: " + json.dumps({"id": "chatcmpl-s", "object": "chat.completion.chunk",
+                                                           "model": body["model"], **chunk}).encode() + b"\n\n"
+                                  for chunk in chunks) + b"data: [DONE]\n\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Length", str(len(events)))
+                self.end_headers()
+                self.wfile.write(events)
 
             def _reset(self) -> None:
                 """Close with a TCP reset, as a crashed server or a proxy dropping the line does."""

@@ -33,7 +33,7 @@ def test_build_ui_without_launching(vllm_server):
 def test_extract_streams_text_then_stats(page: OcrPage):
     updates = list(page.extract(str(sample_path("english_a4_document.png")), max_tokens=24))
     assert len(updates) >= 3  # several partial updates: the text streams in
-    rendered, raw, stats = updates[-1]
+    rendered, raw, stats, _ = updates[-1]
     assert rendered == raw and raw.strip()
     assert updates[0][1] != raw and raw.startswith(updates[0][1].rstrip()[:5])
     prompt_tokens = int(re.search(r"([\d,]+) prompt \+", stats).group(1).replace(",", ""))
@@ -44,7 +44,8 @@ def test_extract_streams_text_then_stats(page: OcrPage):
 def test_pdf_pages_all_at_once(page: OcrPage, tmp_path):
     pdf = tmp_path / "three pages é.pdf"
     pdf.write_bytes(make_pdf(3))
-    rendered, raw, stats = list(page.extract(str(pdf), all_pages=True, max_tokens=4))[-1]
+    rendered, raw, stats, drawn = list(page.extract(str(pdf), all_pages=True, max_tokens=4))[-1]
+    assert drawn is None  # no grounding asked: no blocks
     assert stats.startswith("**3 page(s)**") and raw.count("---") == 2
 
 

@@ -89,7 +89,7 @@ def test_the_page_reads_an_uploaded_line_whatever_its_encoding(reader_server, tm
     shown = {}
     for name, data in variants.items():
         (tmp_path / name).write_bytes(data)
-        *_, (markdown, raw, stats) = page.extract(str(tmp_path / name), max_tokens=64, temperature=0.0)
+        *_, (markdown, raw, stats, _) = page.extract(str(tmp_path / name), max_tokens=64, temperature=0.0)
         shown[name] = markdown
     assert all(word in shown["upright.png"] for word in LINE.split()), shown
     assert set(shown.values()) == {shown["upright.png"]}, shown
@@ -101,9 +101,9 @@ def test_the_pdf_picker_reads_the_page_asked_for_and_all_pages_in_order(reader_s
     page = OcrPage(OcrClient(reader_server.url))
     picker, _, _ = page.on_upload(str(pdf))
     assert picker["maximum"] == 4
-    *_, (third, _, _) = page.extract(str(pdf), page=3, max_tokens=16, temperature=0.0)
+    *_, (third, _, _, _) = page.extract(str(pdf), page=3, max_tokens=16, temperature=0.0)
     assert third.strip() == "page 3"
-    *_, (every, _, _) = page.extract(str(pdf), all_pages=True, max_tokens=16, temperature=0.0)
+    *_, (every, _, _, _) = page.extract(str(pdf), all_pages=True, max_tokens=16, temperature=0.0)
     assert [text.strip() for text in every.split(PAGE_SEPARATOR)] == [f"page {n}" for n in range(1, 5)]
 
 
