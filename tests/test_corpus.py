@@ -416,3 +416,21 @@ def test_status_with_the_corpus_names_the_files_no_run_has_started(server, tmp_p
     code, report = status(out, tmp_path / "in")
     assert code == 1 and "late.png" in report and "not started: no run has converted it yet" in report
     assert status(out)[0] == 0  # without the corpus, --status knows only what was started
+
+
+def test_a_corpus_of_more_files_than_the_open_file_limit_converts(server, tmp_path):
+    """Folders are held while the scan reads them and while the run converts them, never all at
+    once: 300 documents under a limit of 200 open files (a held folder is one open file)."""
+    import resource
+
+    for n in range(300):
+        small_png(tmp_path / "in" / f"scan{n:03d}.png", (40, 30))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    run = subprocess.run([PYTHON, str(ROOT / "batch_ocr.py"), str(tmp_path / "in"), "--url", server.url, "--out",
+                          str(tmp_path / "out"), "--quiet", "--max-attempts", "1", "--render-workers", "1",
+                          "--concurrency", "8"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "VLLM_API_KEY": ""},
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard)))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "300 file(s), 300 page(s): 0 done before, 300 to convert" in run.stderr and server.chat_count() == 300
+    assert status(tmp_path / "out", tmp_path / "in")[0] == 0

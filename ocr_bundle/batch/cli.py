@@ -376,6 +376,7 @@ def convert(args: argparse.Namespace, client: OcrClient, status: ServerStatus, s
         print(f"FAILED: the server {converter.watch.gone_because} for {args.server_wait:g} s; everything converted "
               "so far is kept: rerun the same command once it is back", file=sys.stderr)
         return 1
+    held = [d for d in documents if d.held_by]  # at the scan, or when the run reached them
     if held:
         print(f"FAILED: {len(held)} document(s) skipped, being converted by another process: rerun the same "
               "command once it ends to finish them", file=sys.stderr)

@@ -70,6 +70,7 @@ BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 MAX_RETRY_AFTER_S = 60.0  # a server asking for more than this is waited on in steps of it
 UNAVAILABLE = (502, 503, 504)  # a gateway (or proxy) with no server ready behind it
 UNAVAILABLE_PAUSE_S = 2.0  # between tries while the server is unavailable
+SCAN_CHUNK = 64  # documents whose folders the scan holds at once (one open file each)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class Document:
     todo: list[int]  # not done yet
     error: str | None = None  # why the file cannot be read at all
     note: str | None = None  # why earlier work is not reused as it is
+    sha256: str | None = None  # the content the pages were counted on: the basis when the run claims it
     held_by: str | None = None  # another live converter holds the folder: skipped ("pid N on host")
     assemble: bool = False  # <name>.md is missing or older than the record: rewrite it
     touched: bool = False  # a page was recorded in this run
@@ -173,6 +175,17 @@ def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, 
         return earlier.get("source_sha256") == hashes.of(item)
 
     folders = output_folders(inputs, belongs)
+    documents: list[Document] = []
+    # In chunks: each folder is locked while it is read and written here, then let go (the run claims
+    # it again when it reaches it), so a corpus of any size holds a bounded number of files open.
+    for start in range(0, len(inputs), SCAN_CHUNK):
+        documents += _scan_chunk(inputs[start:start + SCAN_CHUNK], out_root, folders, hashes, settings, options,
+                                 pool)
+    return documents
+
+
+def _scan_chunk(inputs: list[InputFile], out_root: Path, folders: dict[Path, PurePath], hashes: ContentHashes,
+                settings: ConversionSettings, options: BatchOptions, pool: RenderPool) -> list[Document]:
     opened = []
     for item in inputs:
         folder = out_root / folders[item.path]
@@ -190,11 +203,11 @@ def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, 
         try:
             output, note = DocumentOutput.open(folder, item.path, sha256, settings, lock, options.drop)
         except OSError as exc:
+            lock.release()
             if is_disk_full(exc):
                 raise
             error = _reason(exc)  # the file vanished since it was hashed
-            opened.append((item, DocumentOutput.unreadable(folder, item.path, settings, error, lock), None, error,
-                           None))
+            opened.append((item, DocumentOutput.unreadable(folder, item.path, settings, error), None, error, None))
             continue
         # Counting a PDF's pages runs pdfium: in the pool, all files at once.
         counting = None if output.known_shape else pool.submit(CountJob(str(item.path), options.max_bytes))
@@ -205,24 +218,33 @@ def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, 
         if held_by is not None:
             documents.append(Document(item, output, None, [], [], held_by=held_by))
             continue
-        if isinstance(counting, str):  # unreadable: `counting` is the reason
-            documents.append(Document(item, output, None, [], [], error=counting))
-            continue
-        if counting is None:
-            (kind, count), error = output.known_shape, None
-        else:
-            counted = pool.result(counting)
-            kind, count, error = counted.kind, counted.page_count, counted.error
-        output.describe(kind, count, error)
-        if error:
-            documents.append(Document(item, output, None, [], [], error=error, note=note))
-            continue
-        pages = pages_in(options.pages, count) if kind in PAGED_KINDS else [1]
-        done = set() if options.force else output.done_pages((OK,) if options.redo_flagged else DONE)
-        todo = [page for page in pages if page not in done]
-        documents.append(Document(item, output, kind, pages, todo, None, note,
-                                  assemble=not output.assembly_current()))
+        try:
+            documents.append(_counted(item, output, note, counting, options))
+        finally:
+            output.close()  # let go: the run claims the folder again when it reaches it
     return documents
+
+
+def _counted(item: InputFile, output: DocumentOutput, note: str | None, counting, options: BatchOptions) -> Document:
+    """The document once its pages are counted: what is in scope and what is left to do."""
+    if isinstance(counting, str):  # unreadable: `counting` is the reason
+        return Document(item, output, None, [], [], error=counting)
+    if counting is None:
+        (kind, count), error = output.known_shape, None
+    else:
+        counted = RenderPool.result(counting)
+        kind, count, error = counted.kind, counted.page_count, counted.error
+    output.describe(kind, count, error)
+    if error:
+        return Document(item, output, None, [], [], error=error, note=note)
+    pages = pages_in(options.pages, count) if kind in PAGED_KINDS else [1]
+    return Document(item, output, kind, pages, _todo(output, pages, options), None, note,
+                    sha256=output.manifest["source_sha256"], assemble=not output.assembly_current())
+
+
+def _todo(output: DocumentOutput, pages: list[int], options: BatchOptions) -> list[int]:
+    done = set() if options.force else output.done_pages((OK,) if options.redo_flagged else DONE)
+    return [page for page in pages if page not in done]
 
 
 def _reason(exc: Exception) -> str:
@@ -428,8 +450,8 @@ class BatchConverter:
         """Convert every pending page; returns how the run ended: "complete", "interrupted",
         "server gone" or "disk full"."""
         for document in self.documents:
-            if document.held_by is None and not document.todo:
-                self._finish(document)  # nothing to convert: let another converter have it at once
+            if document.held_by is None and not document.todo and document.assemble:
+                self._finish(document)  # nothing to convert, only <name>.md to bring up to date
         start = time.perf_counter()
         if any(d.todo for d in self.documents):
             self._run_pipeline()
@@ -446,6 +468,11 @@ class BatchConverter:
     def _finish(self, document: Document) -> None:
         """Assemble the document if it changed or its <name>.md is behind, and let go of its folder
         (at once when its last page is recorded, so that the lock is held no longer than needed)."""
+        if document.output.lock is None:  # not claimed by this run (nothing converted yet)
+            if not (document.touched or document.assemble) or self.disk_full or document.error or document.held_by:
+                return
+            if not self._claim(document):
+                return
         try:
             if not self.disk_full and (document.touched or document.assemble):
                 self.progress.document(document, document.output.write_document())
@@ -488,6 +515,11 @@ class BatchConverter:
     def _producer(self) -> None:
         try:
             for document in self.documents:
+                if not document.todo or not self._claim(document):
+                    continue
+                if not document.todo:  # another run finished it since the scan
+                    self._finish(document)
+                    continue
                 for page in document.todo:
                     while not self._slots.acquire(timeout=0.2):
                         if self.stopping.is_set():
@@ -504,6 +536,29 @@ class BatchConverter:
         finally:
             for _ in range(self.options.concurrency):
                 self._ready.put(None)
+
+    def _claim(self, document: Document) -> bool:
+        """Take the document's folder for the run, its record read again (another run may have
+        converted some of its pages since the scan: they are left out). False when another live
+        converter holds it: its pages stay pending, and it is said so."""
+        lock = DocumentLock.acquire(document.output.folder)
+        if isinstance(lock, str):
+            document.held_by = lock
+            self.progress.message(f"{document.source.relative}: skipped, being converted by {lock} "
+                                  "(rerun once it ends to finish it)")
+            return False
+        try:
+            output, _ = DocumentOutput.open(document.output.folder, document.source.path, document.sha256,
+                                            self.settings, lock, self.options.drop)
+        except BaseException:
+            lock.release()
+            raise
+        output.describe(document.kind, document.output.manifest.get("page_count"), None)  # as the scan counted
+        document.output = output
+        if not self.options.force:
+            done = output.done_pages((OK,) if self.options.redo_flagged else DONE)
+            document.todo = [page for page in document.todo if page not in done]
+        return True
 
     def _fault(self, text: str) -> None:
         with self._lock:
