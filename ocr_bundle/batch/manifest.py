@@ -149,7 +149,7 @@ class DocumentOutput:
         self.manifest = manifest
         # (kind, page_count) from an earlier run over the very same file: no need to count again.
         self.known_shape = known_shape
-        self.lock = lock  # this process's hold on the folder (None: read only)
+        self.folder_lock = lock  # this process's hold on the folder (None: read only)
         self._lock = threading.Lock()
         self._journal: int | None = None  # the journal's descriptor, opened at the first page recorded
         self._closed = False  # the run let go of the folder: nothing more is written
@@ -334,7 +334,7 @@ class DocumentOutput:
     def close(self) -> None:
         """Compact what is left and let go of the folder (another converter may take it)."""
         try:
-            if self.lock is not None:
+            if self.folder_lock is not None:
                 self.compact()
         finally:
             self.close_without_writing()
@@ -346,9 +346,9 @@ class DocumentOutput:
         if self._journal is not None:
             os.close(self._journal)
             self._journal = None
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
+        if self.folder_lock is not None:
+            self.folder_lock.release()
+            self.folder_lock = None
 
     def _save(self) -> None:
         """The manifest, written whole; the journal, now redundant, emptied after it."""

@@ -468,7 +468,7 @@ class BatchConverter:
     def _finish(self, document: Document) -> None:
         """Assemble the document if it changed or its <name>.md is behind, and let go of its folder
         (at once when its last page is recorded, so that the lock is held no longer than needed)."""
-        if document.output.lock is None:  # not claimed by this run (nothing converted yet)
+        if document.output.folder_lock is None:  # not claimed by this run (nothing converted yet)
             if not (document.touched or document.assemble) or self.disk_full or document.error or document.held_by:
                 return
             if not self._claim(document):
