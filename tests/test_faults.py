@@ -284,8 +284,8 @@ def test_eight_simultaneous_users_of_the_page_all_get_answers(vllm_server, tmp_p
         def user(index: int):
             try:
                 client = Client(ui.url, verbose=False)
-                rendered, raw, stats = client.predict(handle_file(str(sample_path("table_screenshot.png"))), 1,
-                                                      False, 64, 0.2, "PNG", api_name="/extract")
+                rendered, raw, stats, _ = client.predict(handle_file(str(sample_path("table_screenshot.png"))), 1,
+                                                         False, 64, 0.2, "PNG", False, [], api_name="/extract")
                 answers.append(stats)
             except Exception as exc:  # collected and asserted below
                 errors.append(f"user {index}: {exc}")

@@ -476,7 +476,7 @@ def test_no_key_is_written_anywhere_nor_on_a_command_line(cluster: Cluster, tmp_
 
     page = Client(f"https://127.0.0.1:{cluster.head.env['UI_PORT']}", verbose=False,
                   ssl_verify=ssl.create_default_context(cafile=cluster.ca))
-    stats = page.predict(handle_file(str(sample_path("table_screenshot.png"))), 1, False, 16, 0.2, "PNG",
+    stats = page.predict(handle_file(str(sample_path("table_screenshot.png"))), 1, False, 16, 0.2, "PNG", False, [],
                          api_name="/extract")[2]
     assert "output tokens" in stats
     written = [path for folder in (tmp_path, cluster.head.run_dir, cluster.node.run_dir)

@@ -220,7 +220,7 @@ def test_restart_by_the_scripts_while_the_page_is_in_use(lifecycle_env):
     extra = ("--max-model-len", str(TEST_MAX_MODEL_LEN), "--cpu-kv-cache-gb", "1")
     ui = f"http://127.0.0.1:{env['UI_PORT']}"
     sample = handle_file(str(sample_path("table_screenshot.png")))
-    arguments = (sample, 1, False, 16, 0.2, "PNG")
+    arguments = (sample, 1, False, 16, 0.2, "PNG", False, [])  # the page's inputs: ... encoding, grounding, drop
     try:
         assert script("start_optimized.sh", env, *extra).returncode == 0
         before = Client(ui, verbose=False)
