@@ -106,3 +106,21 @@ def made_certs(out: Path, *machines: str) -> Path:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return out
+
+
+def set_output_budget(page, tokens: int) -> None:
+    """In the page (a Playwright page), open Settings and set Max output tokens to `tokens`.
+
+    It types only once the opened accordion shows the slider's own value, and returns only once
+    the slider has taken the new one. CI runs caught the page asking for 4,096 tokens after a
+    fill typed too early: the typed value had not reached the slider."""
+    from playwright.sync_api import expect
+
+    from ocr_bundle.settings import MAX_OUTPUT_TOKENS
+
+    page.get_by_text("Settings").click()
+    budget = page.locator("#max-tokens input[type=number]")
+    expect(budget).to_have_value(str(MAX_OUTPUT_TOKENS))
+    budget.fill(str(tokens))
+    budget.press("Enter")
+    expect(page.locator("#max-tokens input[type=range]")).to_have_value(str(tokens))

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, ROOT, free_port, start_process, stop_group, wait_until_ready
+from helpers import PYTHON, ROOT, free_port, set_output_budget, start_process, stop_group, wait_until_ready
 from ocr_bundle.samples import sample_path
-from ocr_bundle.settings import MAX_OUTPUT_TOKENS
 
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -61,15 +60,7 @@ def test_upload_extract_and_errors_in_a_browser(page_server, browser_page, tmp_p
     expect(page.locator("#server-status")).to_contain_text("max_model_len 4096")
 
     # A small output budget: 4,096 random tokens on 2 CPU cores would only measure the CPU.
-    page.get_by_text("Settings").click()
-    budget = page.locator("#max-tokens input[type=number]")
-    # Type only once the opened accordion shows the slider's own value, and click Extract only
-    # once the slider has taken the new one: once, in a CI run, the page asked for 4,096 tokens
-    # after this fill, so the typed value had not reached the slider.
-    expect(budget).to_have_value(str(MAX_OUTPUT_TOKENS))
-    budget.fill("64")
-    budget.press("Enter")
-    expect(page.locator("#max-tokens input[type=range]")).to_have_value("64")
+    set_output_budget(page, 64)
     upload(page, sample_path("english_a4_document.png"))
     page.locator("#extract").click()
     stats = page.locator("#stats")

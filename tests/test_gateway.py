@@ -31,7 +31,7 @@ import requests
 from PIL import Image
 
 from conftest import TEST_MAX_MODEL_LEN
-from helpers import PYTHON, ROOT, free_port, made_certs, server_requests, wait_for
+from helpers import PYTHON, ROOT, free_port, made_certs, server_requests, set_output_budget, wait_for
 from ocr_bundle.batch.manifest import load_record
 from ocr_bundle.loadtest.pollers import gateway_counters
 from ocr_bundle import tls
@@ -423,11 +423,7 @@ def test_the_page_over_https_in_a_browser(cluster: Cluster):
                     continue
                 page.goto(url, wait_until="networkidle")
                 expect(page.locator("#server-status")).to_contain_text("lightonocr-tiny", timeout=30_000)
-                page.get_by_text("Settings").click()
-                budget = page.locator("#max-tokens input[type=number]")
-                budget.fill("16")  # the slider's least
-                budget.press("Enter")
-                expect(page.locator("#max-tokens input[type=range]")).to_have_value("16")
+                set_output_budget(page, 16)  # the slider's least
                 upload(page, sample_path("table_screenshot.png"))
                 page.locator("#extract").click()
                 expect(page.locator("#stats")).to_contain_text("output tokens", timeout=120_000)
