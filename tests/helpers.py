@@ -112,15 +112,23 @@ def set_output_budget(page, tokens: int) -> None:
     """In the page (a Playwright page), open Settings and set Max output tokens to `tokens`.
 
     It types only once the opened accordion shows the slider's own value, and returns only once
-    the slider has taken the new one. CI runs caught the page asking for 4,096 tokens after a
-    fill typed too early: the typed value had not reached the slider."""
+    the slider has taken the new one, typing again if it has not: CI runs caught the page asking
+    for 4,096 tokens after a fill typed while the page was still wiring its inputs (a busy machine),
+    so the typed value never reached the slider."""
     from playwright.sync_api import expect
 
     from ocr_bundle.settings import MAX_OUTPUT_TOKENS
 
     page.get_by_text("Settings").click()
     budget = page.locator("#max-tokens input[type=number]")
+    slider = page.locator("#max-tokens input[type=range]")
     expect(budget).to_have_value(str(MAX_OUTPUT_TOKENS))
-    budget.fill(str(tokens))
-    budget.press("Enter")
-    expect(page.locator("#max-tokens input[type=range]")).to_have_value(str(tokens))
+    for attempt in range(4):
+        budget.fill(str(tokens))
+        budget.press("Enter")
+        try:
+            expect(slider).to_have_value(str(tokens), timeout=5_000)
+            return
+        except AssertionError:
+            if attempt == 3:
+                raise
