@@ -51,7 +51,7 @@ import sys
 from pathlib import Path
 
 from ocr_bundle.client import OcrClient, ServerUnusable, connect
-from ocr_bundle.batch.cli import drop_labels
+from ocr_bundle.grounding import parse_drop
 from ocr_bundle.quality.bench import PDFS, Bench, BenchError, load_bench, prepare_score_folder, write_candidate
 from ocr_bundle.quality.compare import NotComparable, compare, complete_pairs
 from ocr_bundle.quality.convert import ClientSettings, convert_repeat, converted_pages
@@ -59,7 +59,8 @@ from ocr_bundle.quality.profile import check_and_record, server_profile
 from ocr_bundle.quality.report import (comparison_table, conversion_note, describe_run, score_table, scorer_warning,
                                        write_comparison, write_results)
 from ocr_bundle.quality.scoring import OlmocrMissing, Score, olmocr_modules, score_candidate
-from ocr_bundle.settings import add_conversion_arguments, add_server_arguments, api_key_from_env, positive_int
+from ocr_bundle.settings import (add_conversion_arguments, add_server_arguments, api_key_from_env, flag_type,
+                                 positive_int)
 
 SCORE_FOLDER = "score"
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="an earlier run to compare with: its results.json or its label folder")
     parser.add_argument("--grounding", action="store_true",
                         help="convert in LightOnOCR-3's grounding mode; the Markdown scored is made from the blocks")
-    parser.add_argument("--drop", type=drop_labels, default=frozenset(), metavar="LABELS",
+    parser.add_argument("--drop", type=flag_type(parse_drop), default=frozenset(), metavar="LABELS",
                         help="with --grounding: blocks left out of the Markdown scored, e.g. header,footer,page_number "
                              "(the headers_footers tests ask for that)")
     parser.add_argument("--allow-missing", action="store_true",

@@ -105,6 +105,19 @@ def add_server_arguments(parser: argparse.ArgumentParser, url_flag: str = "--url
     refuse_key_on_command_line(parser)
 
 
+def flag_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from a parser that raises ValueError with a message for people (page
+    ranges, shards, block labels): argparse then prints that message, not "invalid value"."""
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1."""
     value = int(text)

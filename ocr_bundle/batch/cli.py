@@ -29,8 +29,9 @@ full disk stops the run at once (free space and rerun).
 Many converters, one corpus: --shard K/N takes the K-th of N deterministic parts of the
 inputs (by path relative to the arguments: the same on every machine), so N machines
 convert a corpus with no coordinator, into one shared output tree or each its own. Each
-document folder is locked by the process converting it: a run that finds a document held
-by another live converter skips it (exit 1; rerun later to finish it) and never waits.
+document folder is locked by the process reading or converting it: a run that finds a
+document held by another live converter skips it (exit 1; rerun later to finish it) and
+never waits.
 --status OUT reports every document under OUT, exit 0 only when every page is done.
 
 A reply cut at max_tokens or ending in a loop is retried at a higher temperature
@@ -72,6 +73,7 @@ from ..settings import (
     add_conversion_arguments,
     add_server_arguments,
     api_key_from_env,
+    flag_type,
     positive_int,
 )
 
@@ -84,27 +86,6 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
     return value
-
-
-def page_ranges(text: str):
-    try:
-        return parse_page_ranges(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def shard(text: str) -> tuple[int, int]:
-    try:
-        return parse_shard(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def drop_labels(text: str) -> frozenset[str]:
-    try:
-        return parse_drop(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def summary_name(shard_of: tuple[int, int] | None) -> str:
@@ -121,11 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="report what is done under the output folder OUT (every shard's) and exit: 0 when every "
                              "page of every document is done; needs no server. With the corpus's INPUTs, files no run "
                              "has started count too (a shard that never ran)")
-    parser.add_argument("--shard", type=shard, metavar="K/N", default=None,
+    parser.add_argument("--shard", type=flag_type(parse_shard), metavar="K/N", default=None,
                         help="convert only the K-th of N parts of the inputs (split by relative path, the same "
                              "on every machine): N converters, one per machine, share a corpus")
     add_server_arguments(parser)
-    parser.add_argument("--pages", type=page_ranges, default=None,
+    parser.add_argument("--pages", type=flag_type(parse_page_ranges), default=None,
                         help="PDF pages to convert, e.g. 1,3-5,10- (default: all)")
     parser.add_argument("--concurrency", type=positive_int, default=64,
                         help="requests in flight (default 64; 256 reaches the saturation of one H200, "
@@ -140,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="LightOnOCR-3's grounding mode: per page, its layout blocks with boxes "
                              "(pages/NNNN.blocks.jsonl), its pictures cut out (pages/NNNN-K-image.png) and Markdown "
                              "made from them; a grounding run never reuses plain pages, nor the reverse")
-    parser.add_argument("--drop", type=drop_labels, default=frozenset(), metavar="LABELS",
+    parser.add_argument("--drop", type=flag_type(parse_drop), default=frozenset(), metavar="LABELS",
                         help="with --grounding: blocks left out of the assembled <name>.md, e.g. "
                              "header,footer,page_number (default: keep everything; the blocks files keep them all)")
     parser.add_argument("--force", action="store_true", help="convert every page again, even those already done")

@@ -87,6 +87,12 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def same_file_as_hashed(manifest: dict, stat: os.stat_result) -> bool:
+    """Is the file of `stat` the one the manifest hashed, by size and modification time? (What
+    make and rsync go by: a rerun and --status hash only files for which this is False.)"""
+    return stat.st_size == manifest.get("source_bytes") and stat.st_mtime_ns == manifest.get("source_mtime_ns")
+
+
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 

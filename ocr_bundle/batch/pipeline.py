@@ -23,8 +23,9 @@ Behind a gateway, 502/503/504 mean "no server ready" (one restarting, all busy s
 like a refused connection, they are waited out for up to `server_wait_s`, not counted as
 a page's failures.
 
-Each document folder is locked for the run (ocr_bundle.batch.locking): a document another
-live converter holds is skipped, said so, and left for a rerun.
+Each document folder is locked (ocr_bundle.batch.locking) while the scan reads it and while
+the run converts it: a document another live converter holds is skipped, said so, and left
+for a rerun.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from .manifest import (
     DocumentOutput,
     file_sha256,
     read_manifest,
+    same_file_as_hashed,
 )
 from ..grounding import parse
 from .grounded import grounded_page
@@ -150,8 +152,7 @@ class ContentHashes:
 
 
 def _same_file(earlier: dict, path: Path, stat: os.stat_result) -> bool:
-    return (earlier.get("source") == str(path.resolve()) and earlier.get("source_bytes") == stat.st_size
-            and earlier.get("source_mtime_ns") == stat.st_mtime_ns)
+    return earlier.get("source") == str(path.resolve()) and same_file_as_hashed(earlier, stat)
 
 
 def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, options: BatchOptions,
@@ -555,9 +556,7 @@ class BatchConverter:
             raise
         output.describe(document.kind, document.output.manifest.get("page_count"), None)  # as the scan counted
         document.output = output
-        if not self.options.force:
-            done = output.done_pages((OK,) if self.options.redo_flagged else DONE)
-            document.todo = [page for page in document.todo if page not in done]
+        document.todo = _todo(output, document.todo, self.options)
         return True
 
     def _fault(self, text: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..inputs import InputFile
 from ..tables import aligned
 from .locking import holder_of
-from .manifest import FAILED, MANIFEST, DocumentOutput, file_sha256
+from .manifest import FAILED, MANIFEST, DocumentOutput, file_sha256, same_file_as_hashed
 
 COUNTS = ("ok", "flagged", "failed", "stale", "pending")
 
@@ -78,7 +78,7 @@ def _source_changed(manifest: dict) -> str | None:
         return None  # moved or deleted: the output stands on its own
     except OSError as exc:
         return f"its input cannot be read now ({exc.strerror})"
-    if stat.st_size == manifest.get("source_bytes") and stat.st_mtime_ns == manifest.get("source_mtime_ns"):
+    if same_file_as_hashed(manifest, stat):
         return None
     try:
         same = stat.st_size == manifest.get("source_bytes") and file_sha256(Path(source)) == manifest["source_sha256"]
