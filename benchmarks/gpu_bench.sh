@@ -165,12 +165,14 @@ case "${1:?phase}" in
     grep -E "pages:|time:|client:" "$OUT/batch-$name.txt"
     ;;
   corpus)
-    # A 3,000-page corpus (ten 300-page PDFs) through one server: one converter over all of it, then
-    # three converters at once (--shard 1/3, 2/3, 3/3) into one output tree; each side's pages/s is
-    # its pages over the wall time from the first start to the last end, and --status must say done.
+    # A corpus of ten PDFs of CORPUS_PAGES pages (default 300: 3,000 pages) through one server: one
+    # converter over all of it, then three converters at once (--shard 1/3, 2/3, 3/3) into one output
+    # tree; each side's pages/s is its pages over the wall time from the first start to the last end,
+    # and --status must say done.
     name=${2:?name}; shift 2
-    corpus=$STATE/corpus-3000
-    [[ -f $corpus/doc10.pdf ]] || { mkdir -p "$corpus"; python3 scripts/make_pdf.py --pages 300 --out "$corpus/doc1.pdf"
+    each=${CORPUS_PAGES:-300}; total=$((each * 10))
+    corpus=$STATE/corpus-$total
+    [[ -f $corpus/doc10.pdf ]] || { mkdir -p "$corpus"; python3 scripts/make_pdf.py --pages "$each" --out "$corpus/doc1.pdf"
       for n in 2 3 4 5 6 7 8 9 10; do cp "$corpus/doc1.pdf" "$corpus/doc$n.pdf"; done; }
     rm -rf "$STATE/corpus-$name-one" "$STATE/corpus-$name-shards"
     common=(--url "http://127.0.0.1:$PORT" --max-tokens 1000 --max-attempts 1 --quiet "$@")
@@ -191,10 +193,10 @@ case "${1:?phase}" in
     cp "$STATE"/corpus-"$name"-shards/run-summary.shard-*.json "$OUT/" || true
     python3 -c "
 import sys
-one_s, shards_s = float(sys.argv[1]), float(sys.argv[2])
-print(f'one converter: 3000 pages in {one_s:.0f} s = {3000 / one_s:.2f} pages/s (wall, start to end)')
-print(f'three shards at once: 3000 pages in {shards_s:.0f} s = {3000 / shards_s:.2f} pages/s; ratio {one_s / shards_s:.3f}')
-" "$one_s" "$shards_s" | tee "$OUT/corpus-$name.txt"
+one_s, shards_s, total = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+print(f'one converter: {total} pages in {one_s:.0f} s = {total / one_s:.2f} pages/s (wall, start to end)')
+print(f'three shards at once: {total} pages in {shards_s:.0f} s = {total / shards_s:.2f} pages/s; ratio {one_s / shards_s:.3f}')
+" "$one_s" "$shards_s" "$total" | tee "$OUT/corpus-$name.txt"
     ;;
   profile)
     # One request under vLLM's torch profiler: where the time of a lone page goes (GPU kernels

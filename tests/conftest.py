@@ -3,7 +3,10 @@
 - `vllm_server` serves the generated random-weight tiny checkpoint: the engine, the
   protocol and the failure paths, where any text will do.
 - `reader_server` serves the committed trained reader (tests/fixtures/lightonocr-reader,
-  scripts/train_reader.py): where the test must know which words come out."""
+  scripts/train_reader.py): where the test must know which words come out.
+- `grounding_server` serves the committed trained grounding model
+  (tests/fixtures/lightonocr-3-1b-grounding, scripts/train_grounding.py): LightOnOCR-3's blocks,
+  boxes and words. Module-scoped: one module uses it, and the machine has 2 cores for three servers."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from helpers import PYTHON, READER_CHECKPOINT, Started, free_port, start_process, stop_group, wait_until_ready  # noqa: E402
+from helpers import GROUNDING_CHECKPOINT, PYTHON, READER_CHECKPOINT, Started, free_port, start_process, stop_group, wait_until_ready  # noqa: E402
 
 TINY_CHECKPOINT = ROOT / "models" / "lightonocr-tiny"
 SERVER_START_DEADLINE_S = 300  # ~60–80 s measured on 2 cores; generous for a loaded CI box
@@ -33,7 +36,7 @@ def ensure_tiny_checkpoint() -> Path:
 
 # Fixtures that need the CPU environment (scripts/setup_cpu_env.sh): vLLM's CPU build, or
 # torch and transformers to generate the checkpoint.
-NEEDS_VLLM_FIXTURES = {"vllm_server", "reader_server", "tiny_checkpoint"}
+NEEDS_VLLM_FIXTURES = {"vllm_server", "reader_server", "grounding_server", "tiny_checkpoint"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -77,6 +80,11 @@ def vllm_server(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory)
 @pytest.fixture(scope="session")
 def reader_server(tmp_path_factory: pytest.TempPathFactory) -> Started:
     yield from serve(READER_CHECKPOINT, "lightonocr-reader", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def grounding_server(tmp_path_factory: pytest.TempPathFactory) -> Started:
+    yield from serve(GROUNDING_CHECKPOINT, "lightonocr-3-1b-grounding", tmp_path_factory)
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 READER_CHECKPOINT = ROOT / "tests" / "fixtures" / "lightonocr-reader"  # scripts/train_reader.py wrote it
+# scripts/train_grounding.py wrote it; "LightOnOCR-3-1B" in its name is how clients know it grounds
+GROUNDING_CHECKPOINT = ROOT / "tests" / "fixtures" / "lightonocr-3-1b-grounding"
 
 from ocr_bundle.loadtest.pollers import parse_prometheus  # noqa: E402
 from ocr_bundle.serve.processes import NotReady, Service, stop, wait_ready  # noqa: E402
