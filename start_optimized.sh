@@ -287,6 +287,13 @@ context = ssl.create_default_context(cafile=os.environ["TLS_CA"]) if os.environ.
 print(json.load(urllib.request.urlopen(request, timeout=10, context=context))["data"][0]["id"])
 PY
 )
+# The served family's sampling in the curl line (the launcher's "model family:" line), generation 2's otherwise.
+family_line=$(grep -m1 -oE 'model family: .*' "$RUN_DIR/vllm.log" 2>/dev/null || true)
+temperature=$(sed -nE 's/.*sampling temperature ([0-9.]+) top_p ([0-9.]+).*/\1/p' <<<"$family_line")
+top_p=$(sed -nE 's/.*sampling temperature ([0-9.]+) top_p ([0-9.]+).*/\2/p' <<<"$family_line")
+grounding_hint=""
+[[ $family_line == *"grounding (layout blocks)"* ]] && grounding_hint="
+    (layout blocks with boxes: add {\"type\": \"text\", \"text\": \"grounding\"} after the image_url part)"
 key_header=""; [[ -n "$VLLM_API_KEY" ]] && key_header=' -H "Authorization: Bearer $VLLM_API_KEY"'
 ca_flag="" curl_ca="" join_tls=""
 if [[ -n "$TLS_CERT" ]]; then
@@ -314,5 +321,5 @@ cat <<MSG
 
   Read a page through the API (paste into a shell):
     IMG=\$(base64 -w0 '$ROOT/samples/table_screenshot.png')
-    curl -s$curl_ca $api/v1/chat/completions -H 'Content-Type: application/json'$key_header -d '{"model": "$served_model", "max_tokens": 1024, "temperature": 0.2, "top_p": 0.9, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,'"\$IMG"'"}}]}]}'
+    curl -s$curl_ca $api/v1/chat/completions -H 'Content-Type: application/json'$key_header -d '{"model": "$served_model", "max_tokens": 1024, "temperature": ${temperature:-0.2}, "top_p": ${top_p:-0.9}, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,'"\$IMG"'"}}]}]}'$grounding_hint
 MSG

@@ -109,6 +109,15 @@ class OcrPage:
     def server_status(self) -> str:
         return self.client.status().describe()
 
+    def sampling_defaults(self):
+        """The temperature slider at the served family's value (0.1 for LightOnOCR-3, 0.2 for 2),
+        asked when the page opens: the server may have started, or changed, after the page."""
+        status = self.client.status()
+        if not status.reachable or not status.models:
+            return gr.update()
+        family = status.family(self.client.model())
+        return gr.update(value=family.temperature, info=f"{family.temperature:g} is {family.name}'s recommendation")
+
     def _read(self, path: str | None) -> bytes:
         try:
             return read_upload(path, self.settings.max_upload_bytes)
@@ -277,7 +286,7 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
                                                 f"must hold ~{PAGE_PROMPT_TOKENS:,} image tokens plus this",
                                            elem_id="max-tokens")
                     temperature = gr.Slider(0.0, 1.0, value=TEMPERATURE, step=0.05, label="Temperature",
-                                            info=f"{TEMPERATURE} is the model's recommendation")
+                                            info=f"{TEMPERATURE} is the model's recommendation", elem_id="temperature")
                     encoding = gr.Radio(["PNG", "JPEG"], value="PNG", label="Encoding sent to the server",
                                         info="PNG is lossless; JPEG is smaller for slow links")
                     grounding = gr.Checkbox(False, label="Grounding: layout blocks with boxes (LightOnOCR-3)",
@@ -311,6 +320,7 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
         extract_button.click(extract, [upload, page_number, all_pages, max_tokens, temperature, encoding, grounding,
                                        drop], [rendered, raw, stats, blocks], concurrency_limit=settings.concurrency,
                              api_name="extract")
+        page.load(handlers.sampling_defaults, None, temperature, queue=False)
         refresh.click(server_status, None, status)
         gr.Timer(15).tick(server_status, None, status)  # the line follows a server restart
     return page

@@ -71,6 +71,7 @@ def test_start_health_page_stop_cycle(lifecycle_env):
 
         # The ready-to-paste API example works as printed (served model name, key header).
         example = started.stdout[started.stdout.index("Read a page through the API"):].splitlines()[1:3]
+        assert '"temperature": 0.2, "top_p": 0.9' in example[1]  # the served family's sampling (2-1B)
         answer = subprocess.run(["bash", "-c", "\n".join(example)], capture_output=True, text=True, timeout=300,
                                 env={**os.environ, "VLLM_API_KEY": "test-key-123"})
         reply = json.loads(answer.stdout)
