@@ -33,7 +33,6 @@ them again through vLLM.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -468,23 +467,13 @@ def reproducing_command(argv: list[str], steps: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="folder to write the checkpoint into")
-    parser.add_argument("--steps", type=int, default=6000, help="optimizer steps (default 6000)")
-    parser.add_argument("--batch-size", type=int, default=64, help="pages per step (default 64)")
-    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the pages, the weights and the tokenizer")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser = reader.training_parser(__doc__, steps=6000, batch_size=64, examples="pages")
     parser.add_argument("--workers", type=int, default=8, help="processes rendering pages (default 8)")
     parser.add_argument("--eval-pages", type=int, default=200, help="held-out pages for the scores (default 200)")
     parser.add_argument("--budget-seconds", type=float, default=None,
                         help="train at most this long: fewer steps when --steps would not fit (the summary's "
                              "command names the steps made, which reproduce the run)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
-    args = parser.parse_args(argv)
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
+    args = reader.parse_training_args(parser, argv)
     summary = train(args.out, args.steps, args.batch_size, args.seed, args.device, args.lr, args.eval_pages,
                     args.workers, args.budget_seconds)
     print(json.dumps(summary))

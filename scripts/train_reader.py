@@ -304,20 +304,32 @@ def train(out: Path, steps: int, batch_size: int, seed: int, device: str, lr: fl
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def training_parser(doc: str, steps: int, batch_size: int, examples: str) -> argparse.ArgumentParser:
+    """The flags every trainer of a test fixture has (this one and train_grounding.py)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder to write the checkpoint into")
-    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps (default 3000)")
-    parser.add_argument("--batch-size", type=int, default=32, help="lines per step (default 32)")
+    parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps (default {steps})")
+    parser.add_argument("--batch-size", type=int, default=batch_size,
+                        help=f"{examples} per step (default {batch_size})")
     parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the data, the weights and the tokenizer")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    parser.add_argument("--eval-lines", type=int, default=200, help="held-out lines for the CER (default 200)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    return parser
+
+
+def parse_training_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = training_parser(__doc__, steps=3000, batch_size=32, examples="lines")
+    parser.add_argument("--eval-lines", type=int, default=200, help="held-out lines for the CER (default 200)")
+    args = parse_training_args(parser, argv)
     summary = train(args.out, args.steps, args.batch_size, args.seed, args.device, args.lr, args.eval_lines)
     print(json.dumps(summary))
     return 0

@@ -6,9 +6,9 @@ in a browser. Labels, boxes (IoU against the generated truth) and words are the 
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from PIL import Image, ImageChops, ImageStat
@@ -30,6 +30,21 @@ ARTIFACTS = ROOT / "test-artifacts"
 def convert(url: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, "-m", "ocr_bundle.batch", "--url", url, *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
+
+
+def test_the_generated_pages_and_their_answers_agree():
+    """What the fixture learned from: every generated page's answer parses back to its blocks,
+    which sit on the grid in reading order, one block to a row."""
+    rng = random.Random(1)
+    for _ in range(300):
+        blocks = train_grounding.random_page(rng)
+        parsed = grounding.parse(train_grounding.answer_of(blocks))
+        assert parsed.clean and [(b.label, b.box, b.text) for b in parsed.blocks] == \
+            [(b.label, b.box, b.text) for b in blocks]
+        rows = [row for b in blocks for row in range(b.row, b.row + b.rows)]
+        assert len(rows) == len(set(rows)) and rows == sorted(rows) and rows[-1] < train_grounding.GRID
+        assert all(b.col >= 0 and b.col + b.cols <= train_grounding.GRID for b in blocks)
+        assert all(len(b.text) == b.cols for b in blocks if b.label != "image")
 
 
 def test_held_out_pages_come_back_as_their_blocks_boxes_and_words(grounding_server):
