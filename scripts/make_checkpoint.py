@@ -39,6 +39,7 @@ SPECIAL_TOKEN_OFFSETS = {
 SPECIAL_BLOCK = 293
 RANDOM_WEIGHTS_MARKER = "random_weights.json"
 IMAGE_TOKEN, IMAGE_BREAK_TOKEN, IMAGE_END_TOKEN = "<|image_pad|>", "<|vision_pad|>", "<|vision_end|>"
+IMAGE_MEAN, IMAGE_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]  # the processor's
 
 # The page image is the whole prompt (the model repeats text prompts, so none is sent).
 CHAT_TEMPLATE = (
@@ -207,8 +208,8 @@ def build_processor(tokenizer):
         do_resize=True,
         do_rescale=True,
         do_normalize=True,
-        image_mean=[0.48145466, 0.4578275, 0.40821073],
-        image_std=[0.26862954, 0.26130258, 0.27577711],
+        image_mean=IMAGE_MEAN,
+        image_std=IMAGE_STD,
     )
     return PixtralProcessor(
         image_processor=image_processor,
