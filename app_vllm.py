@@ -2,15 +2,17 @@
 """Gradio page for LightOnOCR-2-1B served by vLLM: upload an image or a PDF, read the text.
 
     python app_vllm.py                                   # server at http://127.0.0.1:8000, page on :7860
-    VLLM_API_KEY=s3cret python app_vllm.py --server-url https://gpu-box:8000 --ca-cert ca.pem --auth alice:pw
+    VLLM_API_KEY=s3cret UI_AUTH=alice:pw python app_vllm.py --server-url https://gpu-box:8000 --ca-cert ca.pem
 
 Precedence: flags > environment (VLLM_URL, VLLM_MODEL, VLLM_API_KEY, VLLM_CA_CERT, UI_HOST,
-UI_PORT, UI_AUTH, UI_MAX_UPLOAD_MB, UI_CONCURRENCY, TLS_CERT, TLS_KEY, TLS_CA) > defaults. With
-TLS_CERT/TLS_KEY the page serves HTTPS (TLS_CA: the CA that signed them); beyond loopback it
-refuses plain HTTP unless ALLOW_PLAINTEXT=1. The page only talks HTTP to the
-vLLM server; it never loads the model. Pages are prepared here, once per click (EXIF
-orientation, RGB, longest edge 1540 px, PNG), so the server receives what the model
-was trained on. Every failure becomes a message on the page, never a stack trace.
+UI_PORT, UI_MAX_UPLOAD_MB, UI_CONCURRENCY, TLS_CERT, TLS_KEY, TLS_CA) > defaults. The login,
+UI_AUTH=user:password[,user2:password2], comes from the environment only (a flag would show the
+password to every user: ps). With TLS_CERT/TLS_KEY the page serves HTTPS (TLS_CA: the CA that
+signed them) and its login cookie is Secure only; beyond loopback it refuses plain HTTP unless
+ALLOW_PLAINTEXT=1. Failed logins from one address are slowed down (ocr_bundle/page_guard.py).
+The page only talks HTTP to the vLLM server; it never loads the model. Pages are prepared
+here, once per click (EXIF orientation, RGB, longest edge 1540 px, PNG), so the server receives
+what the model was trained on. Every failure becomes a message on the page, never a stack trace.
 """
 
 from __future__ import annotations
@@ -21,10 +23,14 @@ import ssl
 import sys
 from pathlib import Path
 
+from starlette.middleware import Middleware
+
 from ocr_bundle import exposure, tls
 from ocr_bundle.client import OcrClient
 from ocr_bundle.page import PageSettings, build_ui
-from ocr_bundle.settings import READ_TIMEOUT_S, add_server_arguments, api_key_from_env, env_default
+from ocr_bundle.page_guard import PageGuard
+from ocr_bundle.settings import (READ_TIMEOUT_S, add_server_arguments, api_key_from_env, env_default,
+                                 refuse_secret_on_command_line)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,9 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="interface for the page (env UI_HOST; default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=env_default("UI_PORT", 7860, int),
                         help="page port (env UI_PORT; default 7860)")
-    parser.add_argument("--auth", default=env_default("UI_AUTH"),
-                        help="require a login, user:password[,user2:password2] (env UI_AUTH). Needed on any "
-                             f"address beyond loopback; '{exposure.OPEN_ON_PURPOSE}' serves it open on purpose")
+    # The login holds passwords: from the environment only (UI_AUTH), like the key.
+    refuse_secret_on_command_line(parser, "--auth", exposure.AUTH_ENV)
     parser.add_argument("--tls-cert", default=env_default(tls.CERT_ENV),
                         help="serve the page over HTTPS with this certificate (env TLS_CERT; with --tls-key and the "
                              "CA that signed it in TLS_CA)")
@@ -52,8 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     api_key = api_key_from_env()
-    env = {**os.environ, exposure.AUTH_ENV: args.auth or "", tls.CERT_ENV: args.tls_cert or "",
-           tls.KEY_ENV: args.tls_key or ""}
+    env = {**os.environ, tls.CERT_ENV: args.tls_cert or "", tls.KEY_ENV: args.tls_key or ""}
     decision = exposure.check("single", None, args.host, env)
     for problem in decision.problems:
         print(f"error: {problem}", file=sys.stderr)
@@ -61,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for warning in decision.warnings:
         print(warning, file=sys.stderr)
-    auth = exposure.parse_auth(args.auth)
+    auth = exposure.parse_auth(env.get(exposure.AUTH_ENV))
     try:
         trust = tls.client_trust(args.ca_cert)
     except tls.TlsConfigError as exc:
@@ -76,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         # Gradio checks its own URL once at start; it verifies it against the CA (never turned off).
         https = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key,
                  "ssl_verify": ssl.create_default_context(cafile=env[tls.CA_ENV])}
+    # Around every route: over HTTPS no cookie without Secure, and password guessing slowed (page_guard.py).
+    guard = Middleware(PageGuard, https=bool(args.tls_cert))
     page.launch(server_name=args.host, server_port=args.port, auth=auth, max_file_size=max_bytes,
-                show_error=False, footer_links=[], allowed_paths=[str(Path(__file__).parent / "samples")], **https)
+                show_error=False, footer_links=[], allowed_paths=[str(Path(__file__).parent / "samples")],
+                app_kwargs={"middleware": [guard]}, **https)
     return 0
 
 

@@ -21,10 +21,11 @@
 #                  check of this script verifies against TLS_CA, and a server behind a gateway accepts only
 #                  clients with a certificate signed by TLS_CA (the gateway). Beyond loopback plain HTTP
 #                  is refused unless ALLOW_PLAINTEXT=1 (a private network, on purpose)
-#   UI             off: start vLLM only, no page (an API-only server; default on)
+#   UI             off (or 0, false, no): start vLLM only, no page (an API-only server; default on)
 #   PYTHON         interpreter with vLLM (default: python3 if it has vLLM; without a GPU the CPU
 #                  environment from scripts/setup_cpu_env.sh, built on first use)
-#   RUN_DIR        PID files and logs (default ./run)
+#   RUN_DIR        PID files and logs (default ./run). One start or stop at a time per RUN_DIR: a second
+#                  start is refused, saying who holds it; a stop during a start cancels the start
 #   STARTUP_TIMEOUT seconds to wait for vLLM's /health, then for its warm-up page (default 900: a first GPU
 #                  start builds kernels and compiles the vision encoder)
 #   DATA_PARALLEL_SIZE  engine replicas on this machine (default auto: one per visible GPU,
@@ -40,6 +41,11 @@
 #                  across a restart of the head) and leaves it on ./stop_optimized.sh. Checked before
 #                  vLLM starts: a gateway, both keys accepted, an address it can reach
 #   ROUTER_REQUEST_TIMEOUT, ROUTER_METRICS_PORT  the gateway's (python -m ocr_bundle.serve.gateway --help)
+#
+# Secrets (VLLM_API_KEY, ROUTER_ADMIN_KEY, UI_AUTH) come from the environment and reach each service
+# through its environment only, never a command line (scripts/lifecycle.sh, with_env). Arguments after
+# a bare -- go to vLLM as they are, checked by vLLM's own parser first: an API key or --ssl-* there is
+# refused (exit 2), whatever the spelling.
 #   STOP_GRACE     seconds stop_optimized.sh waits between TERM and KILL (default 30; whole seconds)
 #   MAX_PAGES_IN_FLIGHT, KV_CACHE_DTYPE, GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, ...
 #                  read by start_vllm_server.py (its --help lists them); e.g. MAX_PAGES_IN_FLIGHT=64
@@ -63,13 +69,17 @@ TINY_CHECKPOINT="$ROOT/models/lightonocr-tiny"
 export DATA_PARALLEL_SIZE="${DATA_PARALLEL_SIZE:-auto}"
 ROUTER="${ROUTER:-off}"
 JOIN="${JOIN:-}"
-UI="${UI:-on}"
+case "${UI:-on}" in
+  on|1|true|yes) UI=on ;;
+  off|0|false|no) UI=off ;;
+  *) echo "[start] ERROR: UI must be on or off (1/0, true/false, yes/no), not '$UI'; nothing was started" >&2; exit 2 ;;
+esac
 # Paths made absolute: the services keep them whatever their working folder.
 for variable in TLS_CERT TLS_KEY TLS_CA; do
   [[ -n "${!variable:-}" ]] && declare "$variable=$(realpath -m -- "${!variable}")"
 done
 export TLS_CERT="${TLS_CERT:-}" TLS_KEY="${TLS_KEY:-}" TLS_CA="${TLS_CA:-}"
-scheme=http; [[ -n "$TLS_CERT" ]] && scheme=https
+scheme=$(PYTHONPATH="$ROOT" python3 -m ocr_bundle.tls scheme)  # the one decision of "TLS is on" (ocr_bundle/tls.py)
 
 say() { echo "[start] $*"; }
 die() { echo "[start] ERROR: $*" >&2; exit 1; }
@@ -93,12 +103,11 @@ has_server=true; [[ "$ROUTER" == only ]] && has_server=false
 if [[ $role == head ]]; then SERVER_HOST=127.0.0.1 SERVER_PORT="${SERVER_PORT:-$((PORT + 1))}"
 else SERVER_HOST=$HOST SERVER_PORT=$PORT; fi
 
-mkdir -p "$RUN_DIR"
-
-# ---- refuse to start twice
+# ---- one start at a time per RUN_DIR (held until this script exits), and refuse to start twice
+hold_run_dir start
 for service in vllm ui gateway membership; do
   if pid=$(service_pid "$service"); then
-    die "$service is already running (PID $pid). Stop it first: ./stop_optimized.sh"
+    die "$service is already running (PID $pid). Stop it first: $(stop_command)"
   fi
 done
 
@@ -133,7 +142,11 @@ public_address() { PYTHONPATH="$ROOT" python3 -m ocr_bundle.exposure public-addr
 port_in_use() { (exec 3<>"/dev/tcp/$(local_address "$1")/$2") 2>/dev/null; }
 
 checks=()
-[[ $role == head ]] && checks+=("$HOST:$PORT:gateway:PORT")
+if [[ $role == head ]]; then
+  ROUTER_METRICS_PORT="${ROUTER_METRICS_PORT:-$(PYTHONPATH="$ROOT" python3 -c 'from ocr_bundle.settings import ROUTER_METRICS_PORT; print(ROUTER_METRICS_PORT)')}"
+  export ROUTER_METRICS_PORT
+  checks+=("$HOST:$PORT:gateway:PORT" "127.0.0.1:$ROUTER_METRICS_PORT:gateway metrics:ROUTER_METRICS_PORT")
+fi
 [[ $has_server == true ]] && checks+=("$SERVER_HOST:$SERVER_PORT:vLLM:$([[ $role == head ]] && echo SERVER_PORT || echo PORT)")
 [[ $UI == off ]] || checks+=("$UI_HOST:$UI_PORT:page:UI_PORT")
 for check in "${checks[@]}"; do
@@ -178,10 +191,26 @@ if [[ -n "$MODEL" && -f "$MODEL/random_weights.json" ]]; then
   say "Real OCR needs the real weights (MODEL=lightonai/LightOnOCR-2-1B or a local copy), best on a GPU."
 fi
 
+# ---- arguments after a bare --: what vLLM's own parser makes of them, before anything starts
+for argument in "$@"; do
+  if [[ $argument == -- && $has_server == true ]]; then
+    if ! said=$("$PYTHON" "$ROOT/start_vllm_server.py" --model "$MODEL" --host "$SERVER_HOST" --port "$SERVER_PORT" \
+                  --dry-run "$@" 2>&1 >/dev/null); then
+      refuse "$(grep -m1 '^error:' <<<"$said" | cut -c8- || echo "$said" | tail -n 3)"
+    fi
+    break
+  fi
+done
+
 # ---- on any failure from here: show why, stop what was started, exit non-zero
 started=()
+waiting=""  # the check this script waits for (in the background, so that a stop's TERM is handled at once)
+# A stop during this start sends TERM: exit, and the EXIT trap stops what was started.
+trap 'echo "[start] cancelled (a stop, or Ctrl-C): stopping what was started" >&2; exit 143' TERM
+trap 'exit 130' INT
 on_exit() {
   local rc=$?
+  [[ -n $waiting ]] && kill "$waiting" 2>/dev/null
   if (( rc != 0 )); then
     for name in "${started[@]}"; do
       echo "---- last lines of $RUN_DIR/$name.log ----" >&2
@@ -197,30 +226,41 @@ on_exit() {
 }
 trap on_exit EXIT
 
-# wait_ready NAME URL SECONDS [CODES]: until URL answers (default 200), while the service lives.
-wait_ready() {
-  processes wait-ready "$2" --pid-file "$(pid_file "$1")" --timeout "$3" --accept "${4:-200}" --name "$1" >/dev/null \
-    || die "$1 is not ready (see above)"
+# interruptible COMMAND...: run it in the background and wait for it: bash runs a trap (a stop's TERM) only
+# once a foreground command ends, but interrupts `wait` at once.
+interruptible() {
+  "$@" &
+  waiting=$!
+  local rc=0
+  wait "$waiting" || rc=$?
+  waiting=""
+  return $rc
 }
 
-launch() {  # launch NAME COMMAND...: own process group, log, PID file with start time
+# wait_ready NAME URL SECONDS [CODES]: until URL answers (default 200), while the service lives.
+wait_ready() {
+  interruptible processes wait-ready "$2" --pid-file "$(pid_file "$1")" --timeout "$3" --accept "${4:-200}" \
+    --name "$1" >/dev/null || die "$1 is not ready (see above)"
+}
+
+launch() {  # launch NAME COMMAND...: own process group, log, PID file with start time; not the RUN_DIR lock
   local name=$1; shift
-  setsid "$@" >"$RUN_DIR/$name.log" 2>&1 </dev/null &
+  setsid "$@" >"$RUN_DIR/$name.log" 2>&1 </dev/null 9>&- &
   started+=("$name")
   processes record "$(pid_file "$name")" $! || die "$name exited at once"
 }
 
-# The launcher, the gateway, the membership keeper and the page read the keys from the environment;
-# only the gateway and the keeper get the admin key.
+# The launcher, the gateway, the membership keeper and the page read the client key from the environment;
+# only the gateway and the keeper get the admin key, only the page its login (with_env: never an argv).
 export VLLM_API_KEY
-ADMIN_KEY="${ROUTER_ADMIN_KEY:-}"
-unset ROUTER_ADMIN_KEY
-with_admin_key() { ROUTER_ADMIN_KEY="$ADMIN_KEY" "$@"; }
+ADMIN_KEY="${ROUTER_ADMIN_KEY:-}" PAGE_AUTH="$UI_AUTH"
+unset ROUTER_ADMIN_KEY UI_AUTH
+with_admin_key() { with_env ROUTER_ADMIN_KEY="$ADMIN_KEY" -- "$@"; }
 api_local="$scheme://$(local_address "$HOST"):$PORT"   # what the page and the readiness checks use
 if [[ $role == head ]]; then
   say "starting the gateway (SMG) on $HOST:$PORT; log: $RUN_DIR/gateway.log"
-  launch gateway env ROUTER_ADMIN_KEY="$ADMIN_KEY" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" \
-    -m ocr_bundle.serve.gateway --host "$HOST" --port "$PORT"
+  with_admin_key with_env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" -- \
+    launch gateway "$PYTHON" -m ocr_bundle.serve.gateway --host "$HOST" --port "$PORT"
   wait_ready gateway "$api_local/liveness" 120
   say "gateway is ready (PID $(service_pid gateway)); servers join it as they become ready"
 fi
@@ -234,8 +274,11 @@ if [[ $has_server == true ]]; then
   # GPU, compiling the vision encoder: 15-45 s). Pay them now, one page per engine, before any
   # client (or the gateway) sends work here.
   say "warming up: one page per engine$([[ $has_gpu == true ]] && echo ' (on a GPU this compiles the vision encoder)')"
-  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ocr_bundle.serve.warmup --url "$server_local" \
-    --timeout "$STARTUP_TIMEOUT" | sed 's/^/[start] /' || die "vLLM answers /health but cannot read a page (see above)"
+  warm_up() {
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ocr_bundle.serve.warmup --url "$server_local" \
+      --timeout "$STARTUP_TIMEOUT" | sed 's/^/[start] /'
+  }
+  interruptible warm_up || die "vLLM answers /health but cannot read a page (see above)"
   say "vLLM is ready (PID $(service_pid vllm)); $(grep -m1 -oE 'serving on [0-9]+ GPUs?: [a-z ]+[0-9]*' "$RUN_DIR/vllm.log" || echo 'one engine')"
   # The launcher's own line: which model family, with its context and sampling (ocr_bundle/families.py).
   say "$(grep -m1 -oE 'model family: .*' "$RUN_DIR/vllm.log" || echo 'model family: unknown')"
@@ -251,7 +294,7 @@ if [[ $role != single && $has_server == true ]]; then
       *) die "the gateway at $gateway_url refused this server (see above)" ;;
     esac; }
   # Stays joined (a restarted head gets it back), leaves on ./stop_optimized.sh.
-  launch membership env ROUTER_ADMIN_KEY="$ADMIN_KEY" PYTHONPATH="$ROOT" python3 -m ocr_bundle.serve.membership keep \
+  with_admin_key with_env PYTHONPATH="$ROOT" -- launch membership python3 -m ocr_bundle.serve.membership keep \
     --gateway "$gateway_url" --server "$server_url" --pid-file "$(pid_file vllm)"
 fi
 
@@ -261,7 +304,7 @@ if [[ $role == join ]]; then
   This machine's server: $server_url, $([[ $joined == true ]] && echo "joined" || echo "joining") the gateway at $gateway_url
   Clients and the page use the head's endpoint: $gateway_url/v1
   Logs:      $RUN_DIR/vllm.log, $RUN_DIR/membership.log
-  Stop:      ./stop_optimized.sh   (leaves the gateway first; no request fails)
+  Stop:      $(stop_command)   (leaves the gateway first; no request fails)
 MSG
   exit 0
 fi
@@ -269,8 +312,8 @@ fi
 page_line="off (UI=off)"
 if [[ $UI != off ]]; then
   say "starting the page on $UI_HOST:$UI_PORT; log: $RUN_DIR/ui.log"
-  launch ui env VLLM_URL="$api_local" VLLM_CA_CERT="$TLS_CA" UI_HOST="$UI_HOST" UI_PORT="$UI_PORT" \
-    UI_AUTH="$UI_AUTH" "$PYTHON" "$ROOT/app_vllm.py"
+  with_env VLLM_URL="$api_local" VLLM_CA_CERT="$TLS_CA" UI_HOST="$UI_HOST" UI_PORT="$UI_PORT" UI_AUTH="$PAGE_AUTH" -- \
+    launch ui "$PYTHON" "$ROOT/app_vllm.py"
   # Gradio serves /config once the app is up (also behind a login: then it answers 401, still "up").
   wait_ready ui "$scheme://$(local_address "$UI_HOST"):$UI_PORT/config" "$UI_TIMEOUT" 200,401
   say "page is ready (PID $(service_pid ui))"
@@ -313,7 +356,7 @@ cat <<MSG
   Page:      $page_line
   vLLM API:  $api/v1   (model "$served_model"; try: curl$curl_ca$key_header $api/v1/models)$head_lines
   Logs:      $logs
-  Stop:      ./stop_optimized.sh
+  Stop:      $(stop_command)
 
   Clients, with the Python that has what they need$([[ -n "$VLLM_API_KEY" ]] && echo ' (export VLLM_API_KEY first)'):
     $PYTHON $ROOT/stress_test.py --url $api$ca_flag$([[ $has_gpu == true ]] || echo ' --max-tokens 64')

@@ -45,6 +45,7 @@ from ocr_bundle.serve.launch import (
     resolve_family,
     route_keys_problem,
     split_passthrough,
+    vllm_argument_parser,
 )
 from ocr_bundle.families import FamilyError
 from ocr_bundle.serve.scaleout import ScaleOutError, visible_gpu_count
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                tls.KEY_ENV: args.tls_key or "", tls.CA_ENV: args.tls_ca or ""}
         decision = exposure.check("join" if args.join else "single", args.host, None, env, args.join,
                                   admin_key_needed=False)
-        problem = (decision.problems or [None])[0] or passthrough_problem(passthrough)
+        problem = (decision.problems or [None])[0] or passthrough_problem(
+            passthrough, vllm_argument_parser() if passthrough else None)
         if problem is None and not args.dry_run:
             problem = route_keys_problem(installed_vllm_version(), bool(api_key_from_env()))
         if problem is not None:

@@ -2,12 +2,14 @@
 # Stop what ./start_optimized.sh started (recorded PIDs only): the page; then, when this server
 # serves through a gateway, its membership (it leaves the gateway and waits for the server's
 # requests, so none fails); the gateway; then vLLM.
-#   RUN_DIR   where the PID files are (default ./run)
+#   RUN_DIR   where the PID files are (default ./run). A start still in progress there is cancelled
+#             first (it stops what it had started), then whatever is recorded is stopped
 #   STOP_GRACE  seconds between TERM and escalation (default 30)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/lifecycle.sh
 source "$ROOT/scripts/lifecycle.sh"
+hold_run_dir stop  # one start or stop at a time; a start in progress is cancelled first
 
 rc=0
 stop_service ui || rc=1

@@ -24,10 +24,12 @@ and client side (requests, Pillow, pypdfium2, tqdm):
 - images:     uploads (images, PDFs, multi-page TIFFs) → the page images the model expects
 - progress:   the progress bar
 - page:       the page's handlers and layout (app_vllm.py runs it), grounding drawn on the page
+- page_guard: the page's login hardened: its cookie Secure only over HTTPS, failed logins slowed
 
 serve/    the server side: the launcher's decisions, scale-out, attention and tuning
           choices, process control, the warm-up page, the vLLM patch and the every-route
-          key with their entry, the gateway and each server's membership in it
+          key with their entry, the gateway, its door table (from SMG itself) and each
+          server's membership in it
           (standard library only, but warmup, a client)
 loadtest/ the stress test: threaded replay and metrics, GPU and /metrics pollers, reports
 batch/    the batch converter: command line, pipeline, render processes, resumable output

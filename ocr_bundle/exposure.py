@@ -229,7 +229,7 @@ def check(role: str, api_host: str | None, page_host: str | None, env: Mapping[s
     start script's)."""
     key, admin_key, auth = env.get(KEY_ENV) or None, env.get(ADMIN_KEY_ENV) or None, env.get(AUTH_ENV) or None
     cert, cert_key, ca = (env.get(name) or None for name in (tls.CERT_ENV, tls.KEY_ENV, tls.CA_ENV))
-    tls_on, plaintext_allowed = bool(cert), truthy(env.get(tls.PLAINTEXT_ENV))
+    tls_on, plaintext_allowed = tls.serving(env), truthy(env.get(tls.PLAINTEXT_ENV))
     api_service = "the gateway" if role == "head" else "the vLLM API"
     problems: list[str | None] = []
     if api_host is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 # ---------------------------------------------------------------- the model
@@ -65,23 +65,40 @@ def env_default(name: str, fallback: T | None = None, cast: Callable[[str], T] =
                          f"{getattr(cast, '__name__', 'value')}") from None
 
 
-class KeyOnCommandLine(argparse.Action):
-    """--api-key is refused: a command line is visible to every user of the machine (`ps`,
-    /proc/PID/cmdline) and stays in shell history. The key comes from the environment."""
+class SecretOnCommandLine(argparse.Action):
+    """A flag that would carry a secret (--api-key, the page's --auth) is refused: a command line is
+    visible to every user of the machine (`ps`, /proc/PID/cmdline) and stays in shell history. The
+    secret comes from its environment variable (`env`), the one way secrets reach the bundle's programs."""
 
-    def __init__(self, option_strings, dest, **kwargs):
+    def __init__(self, option_strings, dest, env: str = ENV_API_KEY, **kwargs):
+        self.env = env
         super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs="?",
-                         help=f"not accepted: a key on a command line is visible to every user (ps). "
-                              f"Export {ENV_API_KEY} instead")
+                         help=f"not accepted: a secret on a command line is visible to every user (ps). Export "
+                              f"{env} instead")
 
     def __call__(self, parser, namespace, values, option_string=None):
         parser.error(f"{option_string} is not accepted: a command line is visible to every user of this machine "
-                     f"(ps) and stays in shell history. Export {ENV_API_KEY}=... instead (read -s {ENV_API_KEY} "
-                     f"&& export {ENV_API_KEY} keeps it out of the history too)")
+                     f"(ps) and stays in shell history. Export {self.env}=... instead (read -s {self.env} "
+                     f"&& export {self.env} keeps it out of the history too)")
 
 
-def refuse_key_on_command_line(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--api-key", action=KeyOnCommandLine)
+def refuse_secret_on_command_line(parser: argparse.ArgumentParser, flag: str = "--api-key",
+                                  env: str = ENV_API_KEY) -> None:
+    parser.add_argument(flag, action=SecretOnCommandLine, env=env)
+
+
+def child_environment(base: Mapping[str, str] | None = None, **values: str | None) -> dict[str, str]:
+    """The environment of a program this one starts, with `values` set (None or "": left out). The one
+    way the bundle's Python hands a secret (the API key) to a child: through execve's environment, never
+    its argument list, which every user of the machine can read while it runs (ps, /proc/PID/cmdline).
+    The shell scripts' counterpart is with_env (scripts/lifecycle.sh)."""
+    environment = dict(os.environ if base is None else base)
+    for name, value in values.items():
+        if value:
+            environment[name] = value
+        else:
+            environment.pop(name, None)
+    return environment
 
 
 def api_key_from_env() -> str | None:
@@ -102,7 +119,7 @@ def add_server_arguments(parser: argparse.ArgumentParser, url_flag: str = "--url
                         help="the CA an https:// server's certificate must be signed by: the cluster's ca.pem from "
                              "scripts/make_certs.py (default: env VLLM_CA_CERT, then REQUESTS_CA_BUNDLE, then "
                              "SSL_CERT_FILE, then the public CAs)")
-    refuse_key_on_command_line(parser)
+    refuse_secret_on_command_line(parser)
 
 
 def flag_type(parse: Callable[[str], T]) -> Callable[[str], T]:

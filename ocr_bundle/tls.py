@@ -99,16 +99,26 @@ def client_trust(ca_flag: str | None = None, env: Mapping[str, str] = os.environ
     return Trust()
 
 
+def serving(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether this machine serves HTTPS: the one decision of "TLS is on", for the start script
+    (`python3 -m ocr_bundle.tls scheme`), the exposure rule, the gateway, membership and the checks.
+    A certificate makes it so; TLS_CA alone does not (a plain machine that trusts an HTTPS gateway)."""
+    return bool(env.get(CERT_ENV))
+
+
 def machine_trust(env: Mapping[str, str] = os.environ) -> Trust | None:
     """This machine's own TLS, for the start script's tools (readiness, warm-up, membership):
-    TLS_CA to verify, TLS_CERT/TLS_KEY presented as the client certificate. None without TLS."""
-    if not env.get(CERT_ENV):
-        return None
-    return Trust(env.get(CA_ENV) or None, CA_ENV, env.get(CERT_ENV), env.get(KEY_ENV) or None)
+    TLS_CA to verify, TLS_CERT/TLS_KEY presented as the client certificate when it serves HTTPS.
+    TLS_CA alone: a plain-HTTP machine that verifies an HTTPS gateway with it. None with neither."""
+    if serving(env):
+        return Trust(env.get(CA_ENV) or None, CA_ENV, env.get(CERT_ENV), env.get(KEY_ENV) or None)
+    if env.get(CA_ENV):
+        return Trust(env[CA_ENV], CA_ENV)
+    return None
 
 
 def scheme(env: Mapping[str, str] = os.environ) -> str:
-    return "https" if env.get(CERT_ENV) else "http"
+    return "https" if serving(env) else "http"
 
 
 # ---------------------------------------------------------------- explaining a failure
@@ -259,3 +269,11 @@ def names_of(cert: str) -> list[str]:
     """The DNS names and IP addresses a certificate holds (its subject alternative names)."""
     decoded = ssl._ssl._test_decode_cert(os.path.expanduser(cert))  # noqa: SLF001 (stdlib's only PEM decoder)
     return [value for kind, value in decoded.get("subjectAltName", ()) if kind in ("DNS", "IP Address")]
+
+
+if __name__ == "__main__":  # the start script: `python3 -m ocr_bundle.tls scheme` prints http or https
+    import sys
+
+    if sys.argv[1:] != ["scheme"]:
+        sys.exit("usage: python3 -m ocr_bundle.tls scheme")
+    print(scheme())

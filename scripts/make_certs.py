@@ -17,7 +17,8 @@ Writes into --out (default ./certs):
 
 and prints, per machine, what to copy and the variables to start it with. Keys are ECDSA P-256.
 An existing CA in --out is reused (so machines can be added later); an existing machine's
-certificate is kept unless --renew. Needs the `cryptography` package (requirements-bundle.txt).
+certificate is kept unless --renew, and only while it is still good: signed by this CA, naming every
+address asked for, valid, with its key (otherwise it is renewed, saying why). Needs the `cryptography` package (requirements-bundle.txt).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -40,6 +42,7 @@ LOOPBACK_NAMES = ("127.0.0.1", "::1", "localhost")
 MACHINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 DNS_NAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
                       r"[A-Za-z0-9])?)*$")
+RESERVED_NAMES = ("ca.pem", "ca-key.pem")  # the CA's files, beside the machines' folders
 SKEW = datetime.timedelta(minutes=5)  # valid from a little before now: clocks of a cluster differ a little
 
 
@@ -59,6 +62,9 @@ def parse_machine(text: str) -> Machine:
     if not sep or not MACHINE_NAME.match(name):
         raise ValueError(f"{text!r}: give each machine as NAME=ADDRESS[,ADDRESS...], e.g. node1=10.0.0.2 (NAME: "
                          "letters, digits, . _ -; it names the machine's folder)")
+    if name in RESERVED_NAMES:
+        raise ValueError(f"{text!r}: {name} is the name of the CA's own file in the output folder: name the machine "
+                         "otherwise")
     parsed = []
     for address in filter(None, (part.strip() for part in addresses.split(","))):
         try:
@@ -170,6 +176,36 @@ def load_or_make_ca(out: Path, days: int, now: datetime.datetime
     return ca, ca_key, True
 
 
+def why_not_kept(folder: Path, machine: Machine, ca: x509.Certificate, now: datetime.datetime) -> str | None:
+    """Why a machine's existing certificate cannot be kept (None: it can): it must be signed by this
+    CA (a CA made again after the old one was lost signs nothing that exists), name every address
+    asked for, be valid now, and go with the key beside it."""
+    try:
+        certificate = x509.load_pem_x509_certificate((folder / "cert.pem").read_bytes())
+        key = serialization.load_pem_private_key((folder / "key.pem").read_bytes(), password=None)
+    except (OSError, ValueError) as exc:
+        return f"cannot be read ({exc})"
+    try:
+        certificate.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return f"is not signed by the CA in {folder.parent}/ca.pem (made again?): it would not verify against it"
+    if certificate.public_key().public_numbers() != key.public_key().public_numbers():
+        return "does not go with the key.pem beside it"
+    if not certificate.not_valid_before_utc <= now < certificate.not_valid_after_utc:
+        return f"is not valid now (until {certificate.not_valid_after_utc:%Y-%m-%d})"
+    names = {str(value) for value in
+             certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+             .get_values_for_type(x509.IPAddress)}
+    names |= set(certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+                 .get_values_for_type(x509.DNSName))
+    missing = [address for address in machine.sans if address not in names]
+    if missing:
+        return f"does not name {', '.join(missing)}"
+    if not (folder / "ca.pem").exists() or (folder / "ca.pem").read_bytes() != certificate_pem(ca):
+        return "has a ca.pem beside it that is not this CA"
+    return None
+
+
 def environment_line(folder: Path) -> str:
     return f"TLS_CERT={folder}/cert.pem TLS_KEY={folder}/key.pem TLS_CA={folder}/ca.pem"
 
@@ -202,8 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     for machine in machines:
         folder = out / machine.name
         if (folder / "cert.pem").exists() and not args.renew:
-            print(f"\n{machine.name}: has a certificate already ({folder}/cert.pem), kept (--renew replaces it)")
-            continue
+            stale = why_not_kept(folder, machine, ca, now)
+            if stale is None:
+                print(f"\n{machine.name}: has a certificate already ({folder}/cert.pem), kept (--renew replaces it)")
+                continue
+            print(f"\n{machine.name}: its certificate in {folder} {stale}: renewed (a new key and certificate; copy "
+                  "the folder to the machine again)")
         certificate, key = make_machine_certificate(machine, ca, ca_key, args.days, now)
         write_file(folder / "key.pem", key_pem(key), 0o600)
         write_file(folder / "cert.pem", certificate_pem(certificate), 0o644)

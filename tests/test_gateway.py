@@ -8,13 +8,17 @@ module. Every connection is HTTPS; the servers behind the gateway require a clie
 signed by the cluster's CA, which the gateway (and each machine's own checks) present. The tests
 run in file order: every door is tried; what TLS refuses is tried; a server is killed mid-batch
 and restarted, killed mid-stress-run and restarted, stopped with stop_optimized.sh mid-batch,
-restarted by its scripts mid-batch; then the head is stopped.
+restarted by its scripts mid-batch; then the head is stopped. Every start and stop of both machines runs
+under strace (execve only), and the last test reads every command line started from start to stop:
+none holds a key or the page's password.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.metadata
+import itertools
 import json
 import os
 import re
@@ -23,7 +27,7 @@ import ssl
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -35,6 +39,7 @@ from helpers import PYTHON, ROOT, free_port, made_certs, server_requests, set_ou
 from ocr_bundle.batch.manifest import load_record
 from ocr_bundle.loadtest.pollers import gateway_counters
 from ocr_bundle import tls
+from ocr_bundle.serve.gateway_doors import OPEN_WHY, DoorTable
 from ocr_bundle.serve.membership import Gateway, GatewayUnreachable
 from ocr_bundle.serve.processes import Service, read_pid_file
 from ocr_bundle.serve.route_keys import OPEN_PATHS
@@ -47,47 +52,42 @@ KEY = "gateway-test-key"
 ADMIN_KEY = "gateway-test-admin-key"
 SERVER_ARGS = ("--max-model-len", str(TEST_MAX_MODEL_LEN), "--cpu-kv-cache-gb", "1")
 
-# SMG 1.13.0's routes (model_gateway/src/server.rs, build_app): (method, path, group). Axum
-# routes are compiled into its binary, so they cannot be listed from the running gateway the
-# way vLLM's are; this table is its router, read from the source of the pinned version.
-SMG_ROUTES = [
-    *[(m, p, "data") for m, p in [
-        ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/generate"), ("POST", "/rerank"),
-        ("POST", "/v1/rerank"), ("POST", "/v1/embeddings"), ("POST", "/v1/messages"), ("POST", "/v1/interactions"),
-        ("POST", "/v1/classify"), ("POST", "/v1/tokenize"), ("POST", "/v1/detokenize"), ("POST", "/v1/responses"),
-        ("GET", "/v1/responses/x"), ("POST", "/v1/responses/x/cancel"), ("DELETE", "/v1/responses/x"),
-        ("GET", "/v1/responses/x/input_items"), ("POST", "/v1/conversations"), ("GET", "/v1/conversations/x"),
-        ("POST", "/v1/conversations/x"), ("DELETE", "/v1/conversations/x"), ("GET", "/v1/conversations/x/items"),
-        ("POST", "/v1/conversations/x/items"), ("GET", "/v1/conversations/x/items/y"),
-        ("DELETE", "/v1/conversations/x/items/y"), ("POST", "/v1/realtime/sessions"),
-        ("POST", "/v1/realtime/client_secrets"), ("POST", "/v1/realtime/transcription_sessions"),
-        ("GET", "/v1/realtime"), ("POST", "/v1/realtime/calls"), ("POST", "/v1/audio/transcriptions"), ("GET", "/health_generate")]],
-    *[(m, p, "admin") for m, p in [
-        ("GET", "/workers"), ("POST", "/workers"), ("GET", "/workers/x"), ("PUT", "/workers/x"),
-        ("PATCH", "/workers/x"), ("DELETE", "/workers/x"), ("POST", "/flush_cache"), ("GET", "/get_loads"),
-        ("POST", "/parse/function_call"), ("POST", "/parse/reasoning"), ("POST", "/wasm"), ("GET", "/wasm"),
-        ("DELETE", "/wasm/x"), ("POST", "/v1/tokenizers"), ("GET", "/v1/tokenizers"), ("GET", "/v1/tokenizers/x"),
-        ("DELETE", "/v1/tokenizers/x"), ("GET", "/v1/tokenizers/x/status")]],
-    *[(m, p, "mesh") for m, p in [
-        ("GET", "/ha/status"), ("GET", "/ha/health"), ("GET", "/ha/workers"), ("GET", "/ha/config/x"),
-        ("POST", "/ha/config"), ("POST", "/ha/rate-limit"), ("POST", "/ha/shutdown")]],
-    *[("GET", p, "open") for p in ["/liveness", "/readiness", "/health", "/engine_metrics", "/v1/models",
-                                   "/get_model_info", "/get_server_info"]],
-    *[(m, p, "absent") for m, p in [("POST", "/invocations"), ("POST", "/add_worker"), ("GET", "/list_workers"),
-                                     ("POST", "/tokenize"), ("POST", "/pooling"), ("GET", "/metrics")]],
-]
-# Open on the gateway: its health and information routes. None runs OCR or changes the pool
-# (/get_*_info reach a server's unknown routes: 404).
-SMG_OPEN = {path for _, path, group in SMG_ROUTES if group == "open"}
+PAGE_USER, PAGE_PASSWORD = "alice", "page-test-password"
+SECRETS = (KEY, ADMIN_KEY, PAGE_PASSWORD)
+# Routes of vLLM and of older routers that the gateway must not have (refused: 401, 403, 404 or 405).
+NOT_ON_THE_GATEWAY = [("POST", "/invocations"), ("POST", "/add_worker"), ("GET", "/list_workers"),
+                      ("POST", "/tokenize"), ("POST", "/pooling"), ("GET", "/metrics")]
 REFUSED = {401, 403, 404, 405}
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_vllm]
 
 
+_RUNS = itertools.count()
+
+
+@dataclass
+class Traced:
+    """A script run under strace: it ends when the script does (its exit status in a file), while strace
+    follows what it started (the services) until they end too."""
+
+    tracer: subprocess.Popen
+    base: Path  # base.trace (strace's), base.out (the script's output), base.rc (its exit status)
+    command: list[str]
+
+    def result(self, timeout: float) -> subprocess.CompletedProcess:
+        rc_file, out_file = Path(f"{self.base}.rc"), Path(f"{self.base}.out")
+        wait_for(lambda: rc_file.exists() or self.tracer.poll() is not None, timeout, f"{self.command[0]} to end")
+        wait_for(lambda: rc_file.exists() and rc_file.read_text().strip(), 10, "its exit status")
+        return subprocess.CompletedProcess(self.command, int(rc_file.read_text()),
+                                          out_file.read_text(errors="replace"), "")
+
+
 @dataclass
 class Node:
     env: dict[str, str]
+    traces: Path  # every start and stop runs under strace: the command line of every program it starts
     cpus: set[int] | None = None  # the machine's cores: its scripts and everything they start run there
+    runs: list[Traced] = field(default_factory=list)
 
     def _on_its_cores(self) -> None:
         if self.cpus is not None:
@@ -97,15 +97,23 @@ class Node:
     def run_dir(self) -> Path:
         return Path(self.env["RUN_DIR"])
 
-    def script(self, name: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        argv = SERVER_ARGS if name == "start_optimized.sh" else ()
-        return subprocess.run([str(ROOT / name), *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                              env={**os.environ, **self.env}, preexec_fn=self._on_its_cores)
+    def begin(self, name: str) -> Traced:
+        """Start a script as its machine runs it, with every execve recorded (argv only, no environment)."""
+        argv = [str(ROOT / name), *(SERVER_ARGS if name == "start_optimized.sh" else ())]
+        self.traces.mkdir(parents=True, exist_ok=True)
+        base = self.traces / f"{next(_RUNS):02d}-{self.run_dir.name}-{name}"
+        wrapper = 'rc=0; "$@" >"$0.out" 2>&1 </dev/null || rc=$?; echo "$rc" >"$0.rc"'
+        tracer = subprocess.Popen(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=execve", "-e", "signal=none",
+                                   "-s", "100000", "-o", f"{base}.trace", "--", "bash", "-c", wrapper, str(base),
+                                   *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, cwd=ROOT, env={**os.environ, **self.env},
+                                  preexec_fn=self._on_its_cores)
+        traced = Traced(tracer, base, argv)
+        self.runs.append(traced)
+        return traced
 
-    def start(self) -> subprocess.Popen:
-        return subprocess.Popen([str(ROOT / "start_optimized.sh"), *SERVER_ARGS], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, **self.env},
-                                preexec_fn=self._on_its_cores)
+    def script(self, name: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return self.begin(name).result(timeout)
 
     def service(self, name: str) -> Service | None:
         return read_pid_file(self.run_dir / f"{name}.pid")
@@ -159,6 +167,7 @@ def cluster(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
     gateway_port, server_port, node_port, metrics_port = (free_port() for _ in range(4))
     common = {"MODEL": str(tiny_checkpoint), "PYTHON": PYTHON, "VLLM_API_KEY": KEY, "ROUTER_ADMIN_KEY": ADMIN_KEY,
               "HOST": "127.0.0.1", "STOP_GRACE": "20", "UI_AUTH": "", "VLLM_CA_CERT": ""}
+    traces = root / "traces"
 
     def machine(name: str) -> dict[str, str]:  # the variables make_certs.py printed for it
         return {"TLS_CERT": str(certs / name / "cert.pem"), "TLS_KEY": str(certs / name / "key.pem"),
@@ -169,17 +178,17 @@ def cluster(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
     # whole process tree on its core: a CI run saw the restarted node's API server confined to core 0,
     # beside the head's busy engine, and not ready after 15 minutes.
     head = Node({**common, **machine("head"), "VLLM_CPU_OMP_THREADS_BIND": "0", "RUN_DIR": str(root / "head"),
-                 "ROUTER": "on",
+                 "ROUTER": "on", "UI_AUTH": f"{PAGE_USER}:{PAGE_PASSWORD}",
                  "PORT": str(gateway_port), "SERVER_PORT": str(server_port), "UI_PORT": str(free_port()),
-                 "UI_HOST": "127.0.0.1", "ROUTER_METRICS_PORT": str(metrics_port)})
+                 "UI_HOST": "127.0.0.1", "ROUTER_METRICS_PORT": str(metrics_port)}, traces)
     node = Node({**common, **machine("node"), "VLLM_CPU_OMP_THREADS_BIND": "1", "RUN_DIR": str(root / "node"),
-                 "PORT": str(node_port), "JOIN": f"https://127.0.0.1:{gateway_port}"}, cpus={1})
+                 "PORT": str(node_port), "JOIN": f"https://127.0.0.1:{gateway_port}"}, traces, cpus={1})
     # Both at once, as two machines would: the node keeps trying until the head's gateway answers.
-    starts = [head.start(), node.start()]
-    outputs = [start.communicate(timeout=900)[0] for start in starts]
+    starts = [head.begin("start_optimized.sh"), node.begin("start_optimized.sh")]
+    results = [start.result(timeout=900) for start in starts]
     try:
-        for start, output in zip(starts, outputs):
-            assert start.returncode == 0, output
+        for result in results:
+            assert result.returncode == 0, result.stdout
         yield Cluster(head, node, f"https://127.0.0.1:{gateway_port}", f"https://127.0.0.1:{server_port}",
                       f"https://127.0.0.1:{node_port}", f"http://127.0.0.1:{metrics_port}/metrics", certs)
     finally:
@@ -252,13 +261,14 @@ def vllm_routes(log: Path) -> list[tuple[str, str]]:
     return sorted(routes, key=lambda route: (route[1], route[0]))
 
 
-def knock(url: str, method: str, key: str | None, tls_options: dict) -> int:
+def knock(url: str, method: str, key: str | None, tls_options: dict, body: bool = False) -> int | tuple[int, str]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        return requests.request(method, url, headers=headers, json={}, timeout=30, allow_redirects=False,
-                                **tls_options).status_code
-    except requests.RequestException:
-        return 0
+        response = requests.request(method, url, headers=headers, json={}, timeout=30, allow_redirects=False,
+                                    **tls_options)
+    except requests.RequestException as exc:
+        return (0, str(exc)) if body else 0
+    return (response.status_code, response.text[:300]) if body else response.status_code
 
 
 KEYS = {"none": None, "wrong": "not-the-key", "client": KEY, "admin": ADMIN_KEY}
@@ -266,9 +276,10 @@ KEYS = {"none": None, "wrong": "not-the-key", "client": KEY, "admin": ADMIN_KEY}
 
 def test_every_door_of_every_port_needs_its_key(cluster: Cluster, tmp_path: Path):
     """The door table: every route of the running servers (from their own route listing) and of
-    the gateway (its router, SMG_ROUTES), without a key, with a wrong one, with the client key,
-    with the admin key. Only the allow-list answers without the key; only the client key reaches
-    a server; only the admin key reaches the pool."""
+    the gateway (ocr_bundle/serve/smg_doors.json, read out of the installed SMG by
+    scripts/smg_doors.py), without a key, with a wrong one, with the client key, with the admin key.
+    Only the allow-lists answer without a key (each open gateway route with its reason, OPEN_WHY);
+    only the client key reaches a server; only the admin key reaches the pool."""
     table, wrong = [], []
     for port, url, log in (("head server", cluster.head_server_url, cluster.head.run_dir / "vllm.log"),
                            ("joined server", cluster.node_url, cluster.node.run_dir / "vllm.log")):
@@ -282,25 +293,37 @@ def test_every_door_of_every_port_needs_its_key(cluster: Cluster, tmp_path: Path
                 continue
             if any(answers[name] != 401 for name in ("none", "wrong", "admin")) or answers["client"] == 401:
                 wrong.append((port, method, path, answers))
-    for method, path, group in SMG_ROUTES:
+    doors = DoorTable.load()
+    assert doors.smg_version == importlib.metadata.version("smg"), "smg_doors.json is for another SMG: run " \
+        "scripts/smg_doors.py"
+    for route in doors.routes:
+        replies = {name: knock(f"{cluster.gateway_url}{route.path}", route.method, key, cluster.client_tls, body=True)
+                   for name, key in KEYS.items()}
+        answers = {name: status for name, (status, _) in replies.items()}
+        table.append((f"gateway {route.door}", route.method, route.path, answers))
+        opener = {"open": "none", "client": "client", "admin": "admin"}[route.door]
+        status, said = replies[opener]
+        if status == 404 and "unknown_url" in said:  # the route must be there: the table is this SMG's
+            wrong.append(("gateway: no such route", route.method, route.path, replies))
+        elif route.door == "open":
+            # Open at the gateway; a server behind it may still want the key (/get_model_info: 401).
+            if route.path not in OPEN_WHY:
+                wrong.append(("gateway: open, and OPEN_WHY does not say why", route.method, route.path, answers))
+        elif status in (0, 401, 403) or any(answers[name] not in REFUSED for name in KEYS if name != opener):
+            wrong.append(("gateway", route.method, route.path, answers))
+    for method, path in NOT_ON_THE_GATEWAY:
         answers = {name: knock(f"{cluster.gateway_url}{path}", method, key, cluster.client_tls)
                    for name, key in KEYS.items()}
-        table.append(("gateway", method, path, answers))
-        if group == "open":
-            continue
-        if group == "absent":
-            expected_ok = all(code in REFUSED for code in answers.values())
-        elif group == "admin":  # the pool: the admin key only
-            expected_ok = all(answers[name] == 401 for name in ("none", "wrong", "client")) and answers["admin"] != 401
-        else:  # data and mesh routes: the client key only (mesh is off: 404 for everyone)
-            expected_ok = (all(answers[name] in REFUSED for name in ("none", "wrong", "admin"))
-                           and (group == "mesh" or answers["client"] not in (401, 403)))
-        if not expected_ok:
+        table.append(("gateway absent", method, path, answers))
+        if any(code not in REFUSED for code in answers.values()):
             wrong.append(("gateway", method, path, answers))
-    lines = [f"{port:13} {method:6} {path:42} " + " ".join(f"{name}={code}" for name, code in answers.items())
+    lines = [f"{port:15} {method:6} {path:42} " + " ".join(f"{name}={code}" for name, code in answers.items())
              for port, method, path, answers in table]
     (tmp_path / "doors.txt").write_text("\n".join(lines) + "\n")
-    print("\n[doors] port, route, answer without a key / wrong key / client key / admin key\n" + "\n".join(lines))
+    counts = {door: sum(route.door == door for route in doors.routes) for door in ("open", "client", "admin")}
+    print(f"\n[doors] gateway (SMG {doors.smg_version}): {len(doors.routes)} routes, {counts}; open: "
+          f"{' '.join(sorted(doors.open_paths()))}\n[doors] port, route, answer without a key / wrong key / "
+          "client key / admin key\n" + "\n".join(lines))
     assert not wrong, wrong
 
 
@@ -399,7 +422,8 @@ def test_a_server_whose_certificate_comes_from_another_ca_is_never_added(cluster
 def test_the_page_over_https_in_a_browser(cluster: Cluster):
     """The head's page in Chromium over HTTPS: it trusts the head's certificate by its public key
     (an SPKI pin, as a browser that imported the cluster's CA would trust it; nothing is turned
-    off: without the pin the page is refused, ERR_CERT_AUTHORITY_INVALID)."""
+    off: without the pin the page is refused, ERR_CERT_AUTHORITY_INVALID). It logs in: every cookie
+    the browser then holds is Secure, and none is Gradio's unsecure copy of the login token."""
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
     from playwright.sync_api import expect, sync_playwright
@@ -421,6 +445,17 @@ def test_the_page_over_https_in_a_browser(cluster: Cluster):
                     with pytest.raises(Exception, match="ERR_CERT_AUTHORITY_INVALID"):
                         page.goto(url)
                     continue
+                page.goto(url, wait_until="networkidle")
+                # The login, as the page's own form sends it (through the browser: its cookies land there).
+                status = page.evaluate("""([user, password]) => fetch('/login', {method: 'POST',
+                    body: new URLSearchParams({username: user, password: password})}).then(r => r.status)""",
+                                       [PAGE_USER, PAGE_PASSWORD])
+                assert status == 200
+                cookies = page.context.cookies()
+                print("\n[cookies] " + "; ".join(f"{c['name'][:28]}... secure={c['secure']} httpOnly={c['httpOnly']} "
+                                                 f"sameSite={c['sameSite']}" for c in cookies))
+                assert cookies and all(cookie["secure"] for cookie in cookies), cookies
+                assert not [cookie for cookie in cookies if cookie["name"].startswith("access-token-unsecure")]
                 page.goto(url, wait_until="networkidle")
                 expect(page.locator("#server-status")).to_contain_text("lightonocr-tiny", timeout=30_000)
                 set_output_budget(page, 16)  # the slider's least
@@ -470,7 +505,7 @@ def test_no_key_is_written_anywhere_nor_on_a_command_line(cluster: Cluster, tmp_
 
     from ocr_bundle.samples import sample_path
 
-    page = Client(f"https://127.0.0.1:{cluster.head.env['UI_PORT']}", verbose=False,
+    page = Client(f"https://127.0.0.1:{cluster.head.env['UI_PORT']}", verbose=False, auth=(PAGE_USER, PAGE_PASSWORD),
                   ssl_verify=ssl.create_default_context(cafile=cluster.ca))
     stats = page.predict(handle_file(str(sample_path("table_screenshot.png"))), 1, False, 16, 0.2, "PNG", False, [],
                          api_name="/extract")[2]
@@ -479,7 +514,7 @@ def test_no_key_is_written_anywhere_nor_on_a_command_line(cluster: Cluster, tmp_
                for path in folder.rglob("*") if path.is_file()]
     assert any(path.name == "run-summary.json" for path in written) and any(path.name == "results.json"
                                                                            for path in written)
-    for secret in (KEY, ADMIN_KEY):
+    for secret in SECRETS:
         holding = [str(path) for path in written if secret.encode() in path.read_bytes()]
         assert not holding, f"a key was written to {holding}"
         assert not [name for name, output in outputs.items() if secret in output]
@@ -598,3 +633,31 @@ def test_stopping_the_head_stops_its_gateway_page_and_server_and_nothing_else(cl
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def execve_lines(trace: Path) -> list[str]:
+    return [line for line in trace.read_text(errors="replace").splitlines() if " execve(" in line]
+
+
+def test_no_secret_on_any_command_line_from_start_to_stop(cluster: Cluster):
+    """Every program that any start or stop of either machine started during this module (the scripts, the
+    launcher, vLLM and its engines, the gateway, the membership keeper, the page, every check and helper),
+    as strace saw its execve: no command line holds the client key, the admin key or the page's password.
+    Secrets go through the environment, which strace was not asked to print."""
+    for machine in (cluster.node, cluster.head):
+        assert machine.script("stop_optimized.sh").returncode == 0  # both stopped by now: this stops nothing
+    runs = cluster.node.runs + cluster.head.runs
+    for run in runs:  # each strace ends once everything its script started has ended
+        run.tracer.wait(timeout=120)
+    traces = sorted(Path(f"{run.base}.trace") for run in runs)
+    lines = [line for trace in traces for line in execve_lines(trace)]
+    holding = [line[:300] for line in lines if any(secret in line for secret in SECRETS)]
+    programs = {re.search(r'execve\("([^"]+)"', line).group(1).rsplit("/", 1)[-1] for line in lines}
+    print(f"\n[execve] {len(runs)} starts and stops, {len(lines)} execve calls ({len(programs)} programs: "
+          f"{' '.join(sorted(programs)[:40])} ...); holding a key or the page's password: {len(holding)}")
+    # What must have been seen for the check to mean anything: the services were started under the trace.
+    seen = "\n".join(lines)
+    for started in ("ocr_bundle.serve.gateway", "ocr_bundle.serve.membership\", \"keep", "app_vllm.py",
+                    "ocr_bundle.serve.vllm_serve", "stop_optimized.sh"):
+        assert started in seen, started
+    assert not holding, holding

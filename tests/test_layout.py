@@ -16,7 +16,7 @@ STANDARD_LIBRARY_ONLY = [
     "ocr_bundle.samples", "ocr_bundle.draining", "ocr_bundle.headroom", "ocr_bundle.tables",
     "ocr_bundle.serve.launch", "ocr_bundle.serve.scaleout", "ocr_bundle.serve.attention", "ocr_bundle.serve.tuning",
     "ocr_bundle.serve.processes", "ocr_bundle.serve.vllm_patches", "ocr_bundle.serve.route_keys",
-    "ocr_bundle.serve.gateway", "ocr_bundle.serve.membership", "ocr_bundle.prometheus",
+    "ocr_bundle.serve.gateway", "ocr_bundle.serve.gateway_doors", "ocr_bundle.serve.membership", "ocr_bundle.prometheus",
     "ocr_bundle.tls", "ocr_bundle.grounding", "ocr_bundle.families", "ocr_bundle.batch.locking", "ocr_bundle.quality.bench", "ocr_bundle.quality.compare",  # olmocr and numpy only where the scorer runs
 ]
 

@@ -15,7 +15,7 @@ import requests
 
 from ocr_bundle.page import OcrPage
 from conftest import TEST_MAX_MODEL_LEN
-from helpers import PYTHON, ROOT, free_port
+from helpers import PYTHON, ROOT, free_port, wait_for
 from ocr_bundle.client import OcrClient, OcrError
 from ocr_bundle.images import prepare_image_bytes
 from ocr_bundle.serve.processes import Service, proc_info, read_pid_file
@@ -51,9 +51,20 @@ def test_start_health_page_stop_cycle(lifecycle_env):
     """Also the security path end to end: API key on vLLM, login on the page."""
     env = {**lifecycle_env, "VLLM_API_KEY": "test-key-123", "UI_AUTH": "alice:wonderland"}
     run_dir = Path(env["RUN_DIR"])
-    started = script("start_optimized.sh", env, "--max-model-len", str(TEST_MAX_MODEL_LEN), "--cpu-kv-cache-gb", "1")
+    first = subprocess.Popen([str(ROOT / "start_optimized.sh"), "--max-model-len", str(TEST_MAX_MODEL_LEN),
+                              "--cpu-kv-cache-gb", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=ROOT, env={**os.environ, **env})
+    # A second start of the same RUN_DIR while the first runs: refused at once, saying who holds it.
+    wait_for(lambda: (run_dir / ".lock").exists() and (run_dir / ".lock").read_text().startswith("start "), 60,
+             "the first start to hold its RUN_DIR")
+    second = script("start_optimized.sh", env, timeout=60)
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert f"{run_dir} is held by a start (PID {first.pid})" in second.stderr and not second.stdout
+    stdout, stderr = first.communicate(timeout=400)
+    started = subprocess.CompletedProcess(first.args, first.returncode, stdout, stderr)
     try:
         assert started.returncode == 0, started.stdout + started.stderr
+        assert f"Stop:      RUN_DIR={run_dir} ./stop_optimized.sh" in started.stdout  # not the default RUN_DIR
         assert f"Page:      http://127.0.0.1:{env['UI_PORT']}" in started.stdout
         assert f"vLLM API:  http://127.0.0.1:{env['PORT']}/v1" in started.stdout
         assert "random text" in started.stdout  # says plainly this is not real OCR
@@ -98,6 +109,12 @@ def test_start_health_page_stop_cycle(lifecycle_env):
 
         twice = script("start_optimized.sh", env, timeout=60)
         assert twice.returncode == 1 and "already running" in twice.stderr
+        assert f"Stop it first: RUN_DIR={run_dir} ./stop_optimized.sh" in twice.stderr
+        # --help prints help and touches nothing, on both scripts.
+        for name in ("start_optimized.sh", "stop_optimized.sh"):
+            helped = script(name, env, "--help", timeout=30)
+            assert helped.returncode == 0 and "RUN_DIR" in helped.stdout and not helped.stderr, helped
+        assert vllm.alive() and ui_service.alive()
 
         # Requests in flight while stopping: they fail cleanly, and nothing is left behind.
         page_url = prepare_image_bytes(sample_path("english_a4_document.png").read_bytes()).data_url
@@ -233,3 +250,70 @@ def test_restart_by_the_scripts_while_the_page_is_in_use(lifecycle_env):
         assert "16 output tokens" in after.predict(*arguments, api_name="/extract")[2]
     finally:
         script("stop_optimized.sh", env, timeout=120)
+
+
+@pytest.mark.slow
+def test_a_stop_during_a_start_cancels_the_start_and_stops_what_it_started(lifecycle_env):
+    """Two at once, the other way: the stop asks the start to give up (TERM), the start stops what it had
+    started and exits 143, then the stop holds the RUN_DIR and finds nothing left. UI=0 means no page."""
+    env = {**lifecycle_env, "UI": "0"}
+    run_dir = Path(env["RUN_DIR"])
+    start = subprocess.Popen([str(ROOT / "start_optimized.sh"), "--max-model-len", str(TEST_MAX_MODEL_LEN),
+                              "--cpu-kv-cache-gb", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=ROOT, env={**os.environ, **env})
+    vllm = wait_for(lambda: read_pid_file(run_dir / "vllm.pid"), 120, "the start to launch vLLM")
+    stopped = script("stop_optimized.sh", env, timeout=180)
+    stdout, stderr = start.communicate(timeout=60)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"a start (PID {start.pid}) holds {run_dir}: cancelling it" in stopped.stdout
+    assert start.returncode == 143, stdout + stderr
+    assert "cancelled" in stderr and "nothing left running" in stderr
+    assert "starting the page" not in stdout and not (run_dir / "ui.log").exists()  # UI=0 is off
+    assert not vllm.alive() and not group_members(vllm.pid) and not list(run_dir.glob("*.pid"))
+    assert not listening(int(env["PORT"]))
+
+
+def test_settings_that_cannot_work_are_refused_before_anything_starts(lifecycle_env):
+    """UI must say on or off; the gateway's metrics port is checked with the others."""
+    done = script("start_optimized.sh", {**lifecycle_env, "UI": "maybe"}, timeout=60)
+    assert done.returncode == 2 and "UI must be on or off" in done.stderr
+    metrics_port = free_port()
+    head = {**lifecycle_env, "ROUTER": "on", "ROUTER_ADMIN_KEY": "admin-key", "ROUTER_METRICS_PORT": str(metrics_port)}
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", metrics_port))
+        squatter.listen()
+        done = script("start_optimized.sh", head, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"port {metrics_port} (gateway metrics) is already in use by another program; set ROUTER_METRICS_PORT" \
+        in done.stderr
+    assert not list(Path(head["RUN_DIR"]).glob("*.pid"))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_vllm
+def test_a_key_or_tls_after_double_dash_is_refused_however_spelled(lifecycle_env, tmp_path):
+    """vLLM's own parser reads what follows --: every spelling it accepts for --api-key and --ssl-* is
+    refused (exit 2) before anything starts, a flag it refuses is said with its values masked."""
+    from ocr_bundle.serve.launch import KEY_ON_ARGV, TLS_ON_ARGV, passthrough_problem, vllm_argument_parser
+
+    parser = vllm_argument_parser()
+    assert parser is not None
+    config = tmp_path / "vllm.yaml"
+    config.write_text("api-key: SECRET-IN-A-FILE\n")
+    for spelling in (["--api-key", "S"], ["--api_key", "S"], ["--api-k", "S"], ["--api_ke=S"], ["--api-key=S"],
+                     ["--config", str(config)]):
+        assert passthrough_problem(spelling, parser) == KEY_ON_ARGV, spelling
+    for spelling in (["--ssl-keyfile", "k.pem"], ["--ssl_certfile", "c.pem"], ["--ssl-ca", "ca.pem"]):
+        assert passthrough_problem(spelling, parser) == TLS_ON_ARGV, spelling
+    assert passthrough_problem(["--enforce-eager", "--max-num-seqs", "8"], parser) is None
+    typo = passthrough_problem(["--max-num-seqs", "SECRET-VALUE"], parser)
+    assert "invalid int value" in typo and "SECRET-VALUE" not in typo
+    # Without vLLM's parser (a dry run where vLLM is not installed), the same spellings by argparse's rule.
+    for spelling in (["--api_key", "S"], ["--api-k", "S"], ["--api_ke=S"]):
+        assert passthrough_problem(spelling) == KEY_ON_ARGV, spelling
+    done = script("start_optimized.sh", {**lifecycle_env, "UI": "off"}, "--", "--api_key", "SECRET-ON-ARGV",
+                  timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "an API key after -- would put it on vLLM's command line" in done.stderr
+    assert "SECRET-ON-ARGV" not in done.stdout + done.stderr
+    assert not list(Path(lifecycle_env["RUN_DIR"]).glob("*.pid")) and not listening(int(lifecycle_env["PORT"]))

@@ -97,11 +97,58 @@ def test_make_certs_reuses_the_ca_keeps_existing_machines_and_prints_each_machin
 @pytest.mark.parametrize("machine, message", [
     ("node1", "give each machine as NAME=ADDRESS"), ("node1=", "no address"), ("../x=10.0.0.1", "NAME=ADDRESS"),
     ("n=10.0.0.1,not a name", "neither an IP address nor a host name"),
+    ("ca.pem=10.0.0.1", "the name of the CA's own file"), ("ca-key.pem=10.0.0.1", "the name of the CA's own file"),
 ])
 def test_make_certs_refuses_a_machine_it_cannot_name(tmp_path, machine, message):
     done = make(tmp_path / "certs", machine)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "certs").exists()
+
+
+def test_make_certs_renews_a_kept_certificate_that_no_longer_verifies(tmp_path):
+    """The CA lost and made again: a machine's old certificate would not verify against the new one, so it is
+    renewed (saying why) instead of kept; one that lacks an address asked for, likewise."""
+    out = tmp_path / "certs"
+    assert make(out, "node=127.0.0.1").returncode == 0
+    before = (out / "node" / "cert.pem").read_bytes()
+    (out / "ca.pem").unlink()
+    (out / "ca-key.pem").unlink()
+    again = make(out, "node=127.0.0.1")
+    assert again.returncode == 0, again.stderr
+    assert "made the cluster's CA" in again.stdout
+    assert f"node: its certificate in {out / 'node'} is not signed by the CA in {out}/ca.pem" in again.stdout
+    assert "renewed" in again.stdout and (out / "node" / "cert.pem").read_bytes() != before
+    node = out / "node"
+    assert tls.certificate_problems(str(node / "cert.pem"), str(node / "key.pem"), str(node / "ca.pem"),
+                                    ["127.0.0.1"]) == ([], [])
+    kept = make(out, "node=127.0.0.1")
+    assert "node: has a certificate already" in kept.stdout
+    named = make(out, "node=127.0.0.1,node.lan")
+    assert "does not name node.lan: renewed" in named.stdout and "node.lan" in names(node / "cert.pem")
+
+
+def test_a_plain_machine_verifies_an_https_gateway_with_the_ca_alone(cluster_certs):
+    """TLS is on when this machine has a certificate (tls.serving); TLS_CA alone is trust, not serving."""
+    ca = str(cluster_certs / "ca.pem")
+    assert tls.machine_trust({"TLS_CA": ca}) == tls.Trust(ca, "TLS_CA")
+    assert tls.scheme({"TLS_CA": ca}) == "http" and not tls.serving({"TLS_CA": ca})
+    assert tls.machine_trust({}) is None
+    served = {"TLS_CERT": "c.pem", "TLS_KEY": "k.pem", "TLS_CA": ca}
+    assert tls.serving(served) and tls.machine_trust(served) == tls.Trust(ca, "TLS_CA", "c.pem", "k.pem")
+    joining = {"VLLM_API_KEY": "k", "ROUTER_ADMIN_KEY": "a", "TLS_CA": ca}
+    assert check("join", "127.0.0.1", None, joining, "https://127.0.0.1:8000").problems == []
+    assert "set TLS_CA" in check("join", "127.0.0.1", None, {**joining, "TLS_CA": ""},
+                                 "https://127.0.0.1:8000").problems[0]
+
+
+def test_a_head_that_does_not_resolve_is_refused_in_one_line():
+    done = subprocess.run([PYTHON, "-m", "ocr_bundle.serve.membership", "preflight", "--gateway",
+                           "https://head.invalid:8000", "--bind", "0.0.0.0", "--port", "8000"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT, env={**os.environ, "VLLM_API_KEY": "k",
+                                                               "ROUTER_ADMIN_KEY": "a", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        done.stderr.strip()] and "cannot resolve head.invalid (https://head.invalid:8000)" in done.stderr
 
 
 def expired_certificate(tmp_path: Path, ca_dir: Path) -> tuple[str, str]:

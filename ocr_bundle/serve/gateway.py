@@ -10,10 +10,10 @@ of the SGLang and vLLM routers) checks the keys itself:
   requires it on every route (route_keys.py), so a server cannot be used around the gateway.
 - the pool (`/workers`: list, add, replace, remove) needs ROUTER_ADMIN_KEY, a key of its own,
   which joining machines hold and clients never do: the client key is refused there.
-- open without a key: its health and information routes (/health, /liveness, /readiness,
-  /health_generate, /engine_metrics, /v1/models, /get_model_info, /get_server_info), none of
-  which runs OCR or changes the pool; everything else, /invocations included, is 401 or 404.
-  tests/test_gateway.py tries every route of its router on the running gateway.
+- open without a key: a short list of health and information routes, each for a reason
+  (gateway_doors.OPEN_WHY), none of which runs OCR or changes the pool; everything else is 401 or
+  404. The table of every route SMG has and its door is read out of the installed SMG itself
+  (scripts/smg_doors.py → smg_doors.json), and tests/test_gateway.py tries each on the running gateway.
 
 The failover settings, and why (SMG's defaults in brackets):
 

@@ -9,8 +9,11 @@ the tests check each decision without starting anything.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import math
 import os
@@ -30,7 +33,7 @@ from ocr_bundle.settings import (
     PAGE_PROMPT_TOKENS,
     api_key_from_env,
     env_default,
-    refuse_key_on_command_line,
+    refuse_secret_on_command_line,
 )
 
 BUNDLE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding ocr_bundle/
@@ -56,7 +59,7 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
                              "with an API key)")
     parser.add_argument("--port", type=int, default=env_default("PORT", 8000, int), help="port (env PORT; default 8000)")
     # The key: VLLM_API_KEY from the environment only (a command line is visible to every user).
-    refuse_key_on_command_line(parser)
+    refuse_secret_on_command_line(parser)
     parser.add_argument("--allow-open-api", action="store_true",
                         default=env_default("ALLOW_OPEN_API", False, lambda v: v.lower() in ("1", "true", "yes")),
                         help="serve beyond loopback without an API key, on purpose (env ALLOW_OPEN_API=1)")
@@ -368,15 +371,74 @@ def behind_gateway(args: argparse.Namespace) -> bool:
     return bool(args.join) if args.behind_gateway is None else args.behind_gateway
 
 
-def passthrough_problem(passthrough: list[str]) -> str | None:
-    """Flags after -- that would put a key on vLLM's command line (visible to every user: ps), or
-    TLS settings the start script's own checks and the gateway would not know of."""
-    if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in passthrough):
-        return ("--api-key after -- would put the key on vLLM's command line, visible to every user (ps): export "
-                "VLLM_API_KEY instead (the launcher hands it to vLLM through the environment)")
-    if any(arg.startswith("--ssl-") for arg in passthrough):
-        return ("--ssl-* after --: serve HTTPS with TLS_CERT, TLS_KEY and TLS_CA instead (or --tls-cert, --tls-key, "
-                "--tls-ca), so the readiness checks, the page and the gateway speak HTTPS to it too")
+# Where `vllm serve`'s parser is built (make_arg_parser), newest layout first: 0.32, then 0.26.
+VLLM_PARSER_MODULES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args")
+KEY_ON_ARGV = ("an API key after -- would put it on vLLM's command line, visible to every user (ps) and in its "
+               "log, and would leave the routes vLLM does not key open (the bundle keys them from VLLM_API_KEY): "
+               "export VLLM_API_KEY instead (the launcher hands it to vLLM through the environment)")
+TLS_ON_ARGV = ("TLS settings after -- (--ssl-*): serve HTTPS with TLS_CERT, TLS_KEY and TLS_CA instead (or --tls-cert, "
+               "--tls-key, --tls-ca), so the readiness checks, the page and the gateway speak HTTPS to it too")
+
+
+def vllm_argument_parser() -> argparse.ArgumentParser | None:
+    """`vllm serve`'s own parser (None when this Python cannot import vLLM): what it makes of the
+    arguments after -- is what vLLM will do with them, whatever their spelling (--api_key, --api-k,
+    --api_ke=..., a --config file)."""
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        try:
+            from vllm.utils import FlexibleArgumentParser
+        except ImportError:
+            return None
+    for name in VLLM_PARSER_MODULES:
+        try:
+            return importlib.import_module(name).make_arg_parser(FlexibleArgumentParser())
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def _redacted(message: str, passthrough: list[str]) -> str:
+    """An argparse message with every value given after -- masked: one of them may be a secret."""
+    for token in passthrough:
+        value = token.partition("=")[2] if token.startswith("-") else token
+        if value:
+            message = message.replace(value, "***")
+    return message
+
+
+def passthrough_problem(passthrough: list[str], parser: argparse.ArgumentParser | None = None) -> str | None:
+    """Arguments after -- that would put a key on vLLM's command line (visible to every user: ps) or TLS
+    settings the start script's own checks and the gateway would not know of; or that vLLM would refuse.
+
+    `parser` is vLLM's own (vllm_argument_parser): every spelling it accepts is judged as it would read
+    it. Without vLLM (a dry run on a machine without it) the same rule by argparse's matching: an option
+    is a key or TLS setting if, dashes and underscores alike, it is a prefix of one."""
+    if not passthrough:
+        return None
+    if parser is None:
+        for token in passthrough:
+            name = token.partition("=")[0].replace("_", "-")
+            if len(name) > len("--api") and "--api-key".startswith(name):
+                return KEY_ON_ARGV
+            if name.startswith("--ssl"):
+                return TLS_ON_ARGV
+        return None
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            defaults = vars(parser.parse_args(["--model", "m"]))
+            given = vars(parser.parse_args(["--model", "m", *passthrough]))
+    except SystemExit:
+        said = [line for line in errors.getvalue().splitlines() if "error:" in line]
+        reason = said[-1].split("error:", 1)[1].strip() if said else "it exits"
+        return f"vLLM's parser refuses the arguments after --: {_redacted(reason, passthrough)}"
+    changed = {name for name, value in given.items() if defaults.get(name) != value}
+    if "api_key" in changed:
+        return KEY_ON_ARGV
+    if any(name.startswith("ssl_") for name in changed):
+        return TLS_ON_ARGV
     return None
 
 

@@ -100,7 +100,15 @@ def _call(method: str, url: str, key: str | None, timeout_s: float, body: dict |
     except (urllib.error.URLError, OSError) as exc:
         if (explained := tls.explain(exc, url, trust or tls.Trust())) is not None:
             raise GatewayRefused(explained) from None  # a certificate that does not verify will not by waiting
-        raise GatewayUnreachable(f"{url}: {getattr(exc, 'reason', exc)}") from None
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, socket.gaierror):  # a name that does not resolve: a typo, not a head starting
+            raise GatewayRefused(unresolvable(url, reason)) from None
+        raise GatewayUnreachable(f"{url}: {reason}") from None
+
+
+def unresolvable(url: str, error: socket.gaierror) -> str:
+    return (f"cannot resolve {urllib.parse.urlsplit(url).hostname} ({url}): {error.strerror or error}. Is JOIN the "
+            "head's address?")
 
 
 def normalized(url: str) -> str:
@@ -200,7 +208,10 @@ def advertised_url(bind_host: str, port: int, gateway_url: str, scheme: str = "h
         gateway_host = urllib.parse.urlsplit(gateway_url).hostname or "127.0.0.1"
         family = socket.AF_INET6 if ":" in gateway_host else socket.AF_INET
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect((gateway_host, 9))  # a UDP "connect" sends nothing; it only picks the route
+            try:
+                probe.connect((gateway_host, 9))  # a UDP "connect" sends nothing; it only picks the route
+            except socket.gaierror as exc:
+                raise GatewayRefused(unresolvable(gateway_url, exc)) from None
             host = probe.getsockname()[0]
     elif bind_host == "localhost":
         host = "127.0.0.1"
@@ -302,7 +313,11 @@ def main(argv: list[str] | None = None) -> int:
                                  help="on stop, seconds to wait for the server's requests after leaving")
     args = parser.parse_args(argv)
     if args.command == "advertise":
-        print(advertised_url(args.bind, args.port, args.gateway, tls.scheme()))
+        try:
+            print(advertised_url(args.bind, args.port, args.gateway, tls.scheme()))
+        except GatewayRefused as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
 
     def say(line: str) -> None:

@@ -8,6 +8,8 @@ runs it, before the one with vLLM is known.
     python3 -m ocr_bundle.serve.processes running run/vllm.pid          # exit 0 and the PID if ours and alive
     python3 -m ocr_bundle.serve.processes wait-ready http://127.0.0.1:8000/health --pid-file run/vllm.pid --timeout 900
     python3 -m ocr_bundle.serve.processes stop run/vllm.pid --name vllm --grace 30
+    python3 -m ocr_bundle.serve.processes hold-record run/.lock start 4321   # who holds RUN_DIR (lifecycle.sh)
+    python3 -m ocr_bundle.serve.processes signal-holder run/.lock TERM       # a stop cancelling a start
 
 wait-ready speaks HTTPS when the URL says so, with this machine's TLS from the environment
 (TLS_CA to verify, TLS_CERT/TLS_KEY presented: a server behind a gateway requires a client
@@ -106,8 +108,15 @@ class Service:
         return self.leader_alive() or bool(self.members())
 
 
+class LiveServiceRecorded(Exception):
+    """A PID file names a live service: it is never overwritten (two starts must not both record)."""
+
+
 def write_pid_file(path: Path, pid: int) -> Service:
     service = Service.of(pid)
+    recorded = read_pid_file(path)
+    if recorded is not None and recorded.pid != pid and recorded.alive():
+        raise LiveServiceRecorded(f"{path} names a live service (PID {recorded.pid}): not overwritten")
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     temporary.write_text(f"{service.pid} {service.start}\n")
@@ -124,6 +133,30 @@ def read_pid_file(path: Path) -> Service | None:
         return None
     start = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
     return Service(int(fields[0]), start)
+
+
+def record_holder(lock_file: Path, what: str, pid: int) -> None:
+    """Name the holder of a RUN_DIR lock in the lock file itself ("start PID START"), written in place: a
+    new file (os.replace) would be another inode, and the lock (flock) is held on this one."""
+    service = Service.of(pid)
+    with open(lock_file, "r+") as handle:
+        handle.truncate(0)
+        handle.write(f"{what} {service.pid} {service.start}\n")
+
+
+def signal_holder(lock_file: Path, signum: int) -> int | None:
+    """Signal the process a RUN_DIR lock file names, if it is still that process; its PID or None."""
+    try:
+        fields = lock_file.read_text().split()
+    except FileNotFoundError:
+        return None
+    if len(fields) < 3 or not fields[1].isdigit() or not fields[2].isdigit():
+        return None
+    holder = Service(int(fields[1]), int(fields[2]))
+    if not holder.leader_alive():
+        return None
+    os.kill(holder.pid, signum)
+    return holder.pid
 
 
 def _signal_members(service: Service, signum: int) -> None:
@@ -252,6 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     ready.add_argument("--timeout", type=float, default=900, help="seconds before giving up (default 900)")
     ready.add_argument("--accept", default="200", help="HTTP codes that mean up, comma-separated (default 200)")
     ready.add_argument("--name", default="the service", help="name used in messages")
+    holder = commands.add_parser("hold-record", help="name the holder of a RUN_DIR lock in its lock file")
+    holder.add_argument("lock_file", type=Path)
+    holder.add_argument("what", choices=("start", "stop"))
+    holder.add_argument("pid", type=int)
+    signal_it = commands.add_parser("signal-holder", help="signal the process a RUN_DIR lock file names, if still it")
+    signal_it.add_argument("lock_file", type=Path)
+    signal_it.add_argument("signal", choices=("TERM", "INT"))
     halt = commands.add_parser("stop", help="stop the recorded service's process group, remove the PID file")
     halt.add_argument("pid_file", type=Path, help="the service's PID file")
     halt.add_argument("--name", default="service", help="name used in messages")
@@ -261,9 +301,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "record":
         try:
             write_pid_file(args.pid_file, args.pid)
-        except ProcessLookupError as exc:
+        except (ProcessLookupError, LiveServiceRecorded) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        return 0
+    if args.command == "hold-record":
+        record_holder(args.lock_file, args.what, args.pid)
+        return 0
+    if args.command == "signal-holder":
+        pid = signal_holder(args.lock_file, getattr(signal, f"SIG{args.signal}"))
+        if pid is None:
+            return 1
+        print(pid)
         return 0
     if args.command == "running":
         service = read_pid_file(args.pid_file)
