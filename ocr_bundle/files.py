@@ -1,8 +1,10 @@
 """Atomic file writes: a reader (or a rerun after SIGKILL) sees the old file or the new one,
 never half of one.
 
-Each write goes to a hidden temporary file in the same folder (`.NAME.partial-PID-RANDOM`),
-then is renamed over the target: rename is atomic within a filesystem. A kill between the
+Each write goes to a hidden temporary file in the same folder (`.DIGEST.partial-PID-RANDOM`,
+DIGEST a short hash of the target's name: the temporary name is short whatever the target's, so
+a name of 255 bytes can still be written), then is renamed over the target: rename is atomic
+within a filesystem. A kill between the
 two leaves only a temporary file, which `remove_partials` recognises by its name and
 deletes on the next run.
 
@@ -21,6 +23,7 @@ What that guarantees depends on `durable`:
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import secrets
@@ -47,7 +50,8 @@ def fsync_folder(folder: Path) -> None:
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = False) -> None:
     """Write `data` to `path` atomically; `durable` also survives a power cut (see above)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}{PARTIAL_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    digest = hashlib.sha256(path.name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    temporary = path.with_name(f".{digest}{PARTIAL_MARK}{os.getpid()}-{secrets.token_hex(4)}")
     try:
         with open(temporary, "wb") as handle:
             handle.write(data)

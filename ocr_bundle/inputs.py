@@ -3,15 +3,15 @@
 Shared by the stress test (image folders) and the batch converter (folders of PDFs and
 scans). Inside folders only files with a page suffix are taken (PDFs and every image type
 the page accepts); a file named explicitly is taken whatever its name, and its content
-decides what it is.
+decides what it is. Links are not resolved: a file is the path it was found at.
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import itertools
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -22,8 +22,8 @@ _GLOB_CHARS = set("*?[")
 
 @dataclass(frozen=True)
 class InputFile:
-    path: Path
-    relative: PurePath  # where it sits under what the user named: the output mirrors it
+    path: Path  # as named, made absolute, symbolic links not resolved: two links to one file are two inputs
+    relative: PurePath  # where it sits under what the user named: the output mirrors it, and it names the document
 
 
 class InputNotFound(FileNotFoundError):
@@ -44,37 +44,119 @@ def _glob_base(pattern: str) -> Path:
     return Path(*base) if base else Path(".")
 
 
-def _folder_files(folder: Path, recursive: bool) -> list[Path]:
-    if not recursive:
-        return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PAGE_SUFFIXES)
-    found = []
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # no .git, .cache, ...
-        found += [Path(root) / f for f in sorted(files) if Path(f).suffix.lower() in PAGE_SUFFIXES]
-    return found
+def _pattern_regex(pattern: str) -> re.Pattern:
+    """A glob pattern relative to its base (`**` any folders, `*` and `?` within a name, `[...]`), as
+    glob.glob(recursive=True) reads it."""
+    out, index = [], 0
+    while index < len(pattern):
+        if pattern.startswith("**/", index):
+            out.append("(?:[^/]+/)*")
+            index += 3
+        elif pattern.startswith("**", index):
+            out.append(".*")
+            index += 2
+        elif pattern[index] == "*":
+            out.append("[^/]*")
+            index += 1
+        elif pattern[index] == "?":
+            out.append("[^/]")
+            index += 1
+        elif pattern[index] == "[" and "]" in pattern[index + 2:]:
+            close = pattern.index("]", index + 2)
+            body = pattern[index + 1:close]
+            out.append("[" + ("^" + re.escape(body[1:]) if body.startswith("!") else re.escape(body)) + "]")
+            index = close + 1
+        else:
+            out.append(re.escape(pattern[index]))
+            index += 1
+    return re.compile("".join(out) + r"\Z")
 
 
-def discover(sources: list[str | Path], recursive: bool = True) -> list[InputFile]:
-    """Input files in the order given (folders sorted), each once. Raises InputNotFound for a
-    path that does not exist or a pattern that matches nothing."""
-    found: dict[Path, InputFile] = {}
+SkipFolder = Callable[[Path], "str | None"]
+
+
+class _Walk:
+    """Files under folders, following symbolic links to folders once each: a folder already on the way
+    (its device and inode) is a loop and is not entered again. What it followed or skipped is in `notes`."""
+
+    def __init__(self, skip_folder: SkipFolder | None, notes: list[str] | None):
+        self.skip_folder = skip_folder
+        self.notes = notes if notes is not None else []
+
+    def files(self, folder: Path, recursive: bool) -> Iterator[Path]:
+        if not recursive:
+            yield from sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PAGE_SUFFIXES)
+            return
+        yield from self._below(folder, frozenset())
+
+    def _below(self, folder: Path, ancestors: frozenset[tuple[int, int]]) -> Iterator[Path]:
+        try:
+            info = folder.stat()
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError as exc:
+            self.notes.append(f"{folder}: not read ({exc.strerror or exc})")
+            return
+        ancestors = ancestors | {(info.st_dev, info.st_ino)}
+        folders = []
+        for entry in entries:  # a folder's own files first, then its sub-folders (as os.walk gives them)
+            path = Path(entry.path)
+            try:
+                is_dir = entry.is_dir()  # follows a link
+            except OSError:
+                continue
+            if is_dir:
+                folders.append((entry, path))
+            elif entry.is_file() and path.suffix.lower() in PAGE_SUFFIXES:
+                yield path
+        for entry, path in folders:
+            if entry.name.startswith("."):  # no .git, .cache, ...
+                continue
+            reason = self.skip_folder(path) if self.skip_folder else None
+            if reason:
+                self.notes.append(f"{path}: skipped ({reason})")
+                continue
+            try:
+                target = path.stat()
+            except OSError:
+                continue
+            if (target.st_dev, target.st_ino) in ancestors:
+                self.notes.append(f"{path}: a link back to a folder above it (a loop): not followed")
+                continue
+            if entry.is_symlink():
+                self.notes.append(f"{path}: a link to a folder ({os.path.realpath(path)}): followed")
+            yield from self._below(path, ancestors)
+
+
+def discover(sources: list[str | Path], recursive: bool = True, skip_folder: SkipFolder | None = None,
+             notes: list[str] | None = None) -> list[InputFile]:
+    """Input files in the order given (folders sorted), each path once. Raises InputNotFound for a
+    path that does not exist or a pattern that matches nothing.
+
+    A file is known by its path as named (made absolute, links not resolved): two links to one file
+    are two documents, each named after its link. Folders are walked following links to folders, once
+    each (a loop is not followed); `skip_folder(path)` may return why a folder is not an input (the
+    converter's own output); each link followed, loop and folder skipped is said in `notes`."""
+    walk = _Walk(skip_folder, notes)
+    found: dict[str, InputFile] = {}
     for source in map(str, sources):
         path = Path(source)
         if path.is_dir():
-            items = [InputFile(p, p.relative_to(path)) for p in _folder_files(path, recursive)]
+            items = [InputFile(p, p.relative_to(path)) for p in walk.files(path, recursive)]
         elif path.is_file():
             items = [InputFile(path, PurePath(path.name))]
         elif _is_glob(source):
             base = _glob_base(source)
-            matches = sorted(Path(m) for m in glob.glob(source, recursive=True))
-            items = [InputFile(m, m.relative_to(base)) for m in matches
-                     if m.is_file() and m.suffix.lower() in PAGE_SUFFIXES]
+            wanted = _pattern_regex(Path(source).relative_to(base).as_posix() if base != Path(".")
+                                    else Path(source).as_posix())
+            items = [InputFile(m, m.relative_to(base)) for m in (walk.files(base, True) if base.is_dir() else ())
+                     if wanted.match(m.relative_to(base).as_posix())]
             if not items:
                 raise InputNotFound(f"no image or PDF file matches {source}")
         else:
             raise InputNotFound(f"no such file or folder: {source}")
         for item in items:
-            found.setdefault(item.path.resolve(), item)
+            absolute = Path(os.path.abspath(item.path))
+            found.setdefault(str(absolute), InputFile(absolute, item.relative))
     return list(found.values())
 
 

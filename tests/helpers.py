@@ -25,6 +25,15 @@ from ocr_bundle.loadtest.pollers import parse_prometheus  # noqa: E402
 from ocr_bundle.serve.processes import NotReady, Service, stop, wait_ready  # noqa: E402
 
 
+def as_input(path: Path) -> "InputFile":
+    """A file as the converter takes it when named on its own: its name is its path in the corpus."""
+    from pathlib import PurePath
+
+    from ocr_bundle.inputs import InputFile
+
+    return InputFile(Path(os.path.abspath(path)), PurePath(Path(path).name))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -177,12 +177,12 @@ def test_case2_a_file_unreadable_on_a_rerun_keeps_its_finished_work(server, tmp_
 
     # A read error of the moment (a network share that dropped; as root, permissions cannot
     # be made to refuse, so the hash reads through a stand-in that does).
-    import ocr_bundle.batch.pipeline
+    import ocr_bundle.batch.identity
 
     def refuse(path):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(ocr_bundle.batch.pipeline, "file_sha256", refuse)
+    monkeypatch.setattr(ocr_bundle.batch.identity, "file_sha256", refuse)
     os.utime(pdf)  # rewritten on the share since: it has to be read again
     refused = convert(capsys, server.url, out, str(pdf))
     assert refused.code == 1 and "The file cannot be read: Permission denied." in refused.err

@@ -17,7 +17,9 @@ from ocr_bundle.batch.summary import client_cost
 from ocr_bundle.client import OcrError
 from ocr_bundle.files import atomic_write_json, atomic_write_text, is_partial, remove_partials
 from ocr_bundle.inputs import InputFile, InputNotFound, discover, output_folders, pages_in, parse_page_ranges
-from ocr_bundle.batch.manifest import ConversionSettings, DocumentOutput, file_sha256
+from ocr_bundle.batch.identity import file_sha256, take
+from helpers import as_input
+from ocr_bundle.batch.manifest import ConversionSettings, DocumentOutput
 from ocr_bundle.batch.repetition import Repetition, repeated_tail, tokens_of
 
 # ------------------------------------------------------------------ loops
@@ -142,21 +144,21 @@ def test_a_manifest_resumes_under_the_same_basis_and_keeps_pages_of_another(tmp_
     source = tmp_path / "doc.pdf"
     source.write_bytes(b"%PDF-1.7 one")
     folder = tmp_path / "out"
-    output, note = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS)
+    output, note = DocumentOutput.open(folder, as_input(source), take(source), SETTINGS)
     assert note is None and output.manifest["pages"] == {} and output.known_shape is None
     output.describe("pdf", 3)
     assert output.record_page(2, {"status": "ok"}, "page two")
     assert output.record_page(3, {"status": "failed", "error": "bad -- page"}, None)
     assert (folder / "pages" / "0002.md").read_text() == "page two"
 
-    again, note = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS)
+    again, note = DocumentOutput.open(folder, as_input(source), take(source), SETTINGS)
     assert note is None and again.done_pages() == {2} and again.known_shape == ("pdf", 3)
     document = again.write_document().read_text()
     assert document.index("<!-- page 1 not converted yet") < document.index("page two") < document.index(
         "<!-- page 3 not converted: bad — page -->")  # "--" cannot end the comment early
 
     changed = ConversionSettings("m", 1000, 200, 1540, "PNG")
-    stale, note = DocumentOutput.open(folder, source, file_sha256(source), changed)
+    stale, note = DocumentOutput.open(folder, as_input(source), take(source), changed)
     assert note == "1 page(s) converted earlier with other settings (max_tokens 4096): kept until converted again"
     assert stale.done_pages() == set() and stale.stale_pages() == [2]
     assert not stale.record_page(2, {"status": "failed", "error": "server down"}, None)  # text is never replaced by nothing
@@ -166,10 +168,10 @@ def test_a_manifest_resumes_under_the_same_basis_and_keeps_pages_of_another(tmp_
     assert stale.done_pages() == {2} and stale.stale_pages() == []
 
     source.write_bytes(b"%PDF-1.7 two")
-    other, note = DocumentOutput.open(folder, source, file_sha256(source), changed)
+    other, note = DocumentOutput.open(folder, as_input(source), take(source), changed)
     assert note.endswith("from an earlier version of the file: kept until converted again") and other.known_shape is None
     (folder / "manifest.json").write_text("{ torn")
-    torn, note = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS)
+    torn, note = DocumentOutput.open(folder, as_input(source), take(source), SETTINGS)
     assert note.startswith("its manifest could not be read: moved to manifest.json.unreadable-")
     assert [p.name for p in folder.glob("manifest.json.unreadable-*")] and torn.manifest["pages"] == {}
 
@@ -184,7 +186,7 @@ def test_a_manifest_of_the_first_format_is_upgraded_with_its_pages(tmp_path: Pat
         "format": 1, "source": str(source), "source_sha256": file_sha256(source), "settings": SETTINGS.as_dict(),
         "kind": "image", "page_count": 1, "error": None,
         "pages": {"1": {"status": "ok", "file": "pages/0001.md"}}})
-    output, note = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS)
+    output, note = DocumentOutput.open(folder, as_input(source), take(source), SETTINGS)
     assert note is None and output.done_pages() == {1} and output.manifest["format"] == 2
 
 

@@ -24,7 +24,9 @@ from ocr_bundle.batch import cli as batch_cli
 from helpers import PYTHON, ROOT, wait_for
 from ocr_bundle.batch import manifest as manifest_module
 from ocr_bundle.batch.locking import DocumentLock, holder_of
-from ocr_bundle.batch.manifest import JOURNAL, ConversionSettings, DocumentOutput, file_sha256
+from ocr_bundle.batch.identity import file_sha256, take
+from helpers import as_input
+from ocr_bundle.batch.manifest import JOURNAL, ConversionSettings, DocumentOutput
 from ocr_bundle.inputs import InputFile, discover, in_shard, parse_shard
 from scripted_server import Reply
 from test_batch_faults import convert, manifest, small_pdf, small_png, snapshot
@@ -310,7 +312,7 @@ def locked_document(tmp_path: Path, pages: int) -> tuple[DocumentOutput, Path, P
     source = tmp_path / "doc.pdf"
     source.write_bytes(b"%PDF-1.7")
     folder = tmp_path / "out"
-    output, _ = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS, DocumentLock.acquire(folder))
+    output, _ = DocumentOutput.open(folder, as_input(source), take(source), SETTINGS, DocumentLock.acquire(folder))
     output.describe("pdf", pages)
     return output, source, folder
 
@@ -334,7 +336,7 @@ def test_case7_a_torn_journal_line_costs_that_page_only(tmp_path):
     output.close_without_writing()  # killed: the manifest never compacted
     with open(folder / JOURNAL, "ab") as journal:
         journal.write(b'{"page": "3", "record": {"sta')  # the kill came mid-line
-    again, _ = DocumentOutput.open(folder, source, file_sha256(source), SETTINGS, DocumentLock.acquire(folder))
+    again, _ = DocumentOutput.open(folder, as_input(source), take(source), SETTINGS, DocumentLock.acquire(folder))
     assert again.done_pages() == {1, 2} and (folder / JOURNAL).stat().st_size == 0
     assert sorted(manifest(folder)["pages"]) == ["1", "2"]
 
@@ -350,10 +352,10 @@ def test_case7_a_rerun_with_nothing_to_do_writes_nothing_and_hashes_nothing(serv
                 if p.is_file() and not p.name.startswith("run-summary") and p.name != ".lock"}
 
     before, files = stamps(), snapshot(out)
-    import ocr_bundle.batch.pipeline
+    import ocr_bundle.batch.identity
 
     hashed = []
-    monkeypatch.setattr(ocr_bundle.batch.pipeline, "file_sha256", lambda path: hashed.append(path) or "x")
+    monkeypatch.setattr(ocr_bundle.batch.identity, "file_sha256", lambda path: hashed.append(path) or "x")
     again = convert(capsys, server.url, out, str(tmp_path / "in"))
     assert again.code == 0 and "6 done before, 0 to convert" in again.err
     assert hashed == [] and stamps() == before

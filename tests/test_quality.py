@@ -210,11 +210,11 @@ def test_only_pages_done_under_the_runs_settings_are_scored(tmp_path: Path):
     now = ConversionSettings("m", 64, 200, 1540, "PNG")
     folders = [repeat_folder(run, 1) / name for name in bench.pdfs]
     for folder, source in zip(folders, sources):  # an earlier run at 100 DPI
-        output, _ = DocumentOutput.open(folder, source, _sha(source), earlier)
+        output, _ = DocumentOutput.open(folder, *_input(bench, source), earlier)
         output.describe("pdf", 1)
         output.record_page(1, {"status": "ok"}, f"at 100 DPI: {source.name}")
     for index, (folder, source) in enumerate(zip(folders, sources)):  # this run at 200 DPI
-        output, _ = DocumentOutput.open(folder, source, _sha(source), now)
+        output, _ = DocumentOutput.open(folder, *_input(bench, source), now)
         output.describe("pdf", 1)
         if index == 0:
             output.record_page(1, {"status": "ok"}, "read at 200 DPI")
@@ -232,7 +232,7 @@ def test_a_grounded_run_scores_the_markdown_of_its_blocks_with_the_chosen_drop(t
     bench = load_bench(tmp_path / "bench")
     source = bench.pdf_folder / bench.pdfs[0]
     folder = repeat_folder(tmp_path / "run", 1) / bench.pdfs[0]
-    output, _ = DocumentOutput.open(folder, source, _sha(source), ConversionSettings("m", 64, 200, 1540, "PNG", True))
+    output, _ = DocumentOutput.open(folder, *_input(bench, source), ConversionSettings("m", 64, 200, 1540, "PNG", True))
     output.describe("pdf", 1)
     blocks = ('{"label": "header", "box": [0, 0, 1000, 50], "text": "Running head", "continued": false}\n'
               '{"label": "text", "box": [0, 100, 1000, 900], "text": "The body.", "continued": false}\n')
@@ -247,10 +247,14 @@ def test_a_grounded_run_scores_the_markdown_of_its_blocks_with_the_chosen_drop(t
     assert grounded.as_dict()["drop"] == ("footer", "header") and "--grounding" in grounded.batch_arguments()
 
 
-def _sha(path: Path) -> str:
-    from ocr_bundle.batch.manifest import file_sha256
+def _input(bench, path: Path) -> tuple:
+    """A bench PDF as the converter takes it (named relative to the bench's pdfs/ folder) and its snapshot."""
+    from pathlib import PurePath
 
-    return file_sha256(path)
+    from ocr_bundle.batch.identity import take
+    from ocr_bundle.inputs import InputFile
+
+    return InputFile(path, PurePath(path.relative_to(bench.pdf_folder).as_posix())), take(path)
 
 
 def run_check(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:

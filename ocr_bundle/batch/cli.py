@@ -55,7 +55,7 @@ import threading
 import time
 from pathlib import Path
 
-from .manifest import ConversionSettings
+from .manifest import MANIFEST, ConversionSettings, is_output_folder
 from .pipeline import BatchConverter, BatchOptions, Document, Progress, scan
 from .render_pool import RenderPool
 from .status import corpus_status, status_report
@@ -224,12 +224,27 @@ def check_writable(out: Path) -> str | None:
     return None
 
 
+def not_an_input(out: Path):
+    """Folders never taken as inputs: the output folder (`batch_ocr.py . ` must not convert its own crops)
+    and any folder of converted output (it holds a bundle manifest), wherever they are."""
+    out_real = os.path.realpath(out)
+
+    def skip(folder: Path) -> str | None:
+        if os.path.realpath(folder) == out_real:
+            return "the output folder"
+        if is_output_folder(folder):
+            return f"converted output (its {MANIFEST} is the converter's)"
+        return None
+
+    return skip
+
+
 def report_status(out: Path, inputs: list[str]) -> int:
     """--status OUT [INPUTS]: every document under OUT; with the corpus's inputs, those no run has started too."""
     if not out.is_dir():
         return fail(f"no such output folder: {out}")
     try:
-        corpus = discover(inputs, recursive=True) if inputs else []
+        corpus = discover(inputs, recursive=True, skip_folder=not_an_input(out)) if inputs else []
     except InputNotFound as exc:
         return fail(str(exc))
     report, complete = status_report(out, corpus_status(out, corpus))
@@ -249,10 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         return fail("--drop leaves grounded blocks out: add --grounding")
     if not 0 <= args.max_failed_rate <= 1:
         return fail("--max-failed-rate is a fraction between 0 and 1")
+    notes: list[str] = []
     try:
-        inputs = discover(args.inputs, recursive=True)
+        inputs = discover(args.inputs, recursive=True, skip_folder=not_an_input(args.out), notes=notes)
     except InputNotFound as exc:
         return fail(str(exc))
+    for note in notes:
+        print(f"  {note}", file=sys.stderr)
     if not inputs:
         return fail(f"no PDF or image files in {', '.join(args.inputs)}")
     if args.shard is not None:

@@ -38,7 +38,6 @@ page listed as done has its complete file.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 import threading
@@ -47,6 +46,8 @@ from pathlib import Path
 
 from ..files import atomic_write_bytes, atomic_write_json, atomic_write_text, fsync_folder
 from ..grounding import Block, to_markdown
+from ..inputs import InputFile
+from .identity import Snapshot, stem_of
 from .locking import DocumentLock
 
 FORMAT = 2  # 1: one basis for the whole document (upgraded on load)
@@ -79,22 +80,17 @@ class ConversionSettings:
         return out
 
 
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def same_file_as_hashed(manifest: dict, stat: os.stat_result) -> bool:
-    """Is the file of `stat` the one the manifest hashed, by size and modification time? (What
-    make and rsync go by: a rerun and --status hash only files for which this is False.)"""
-    return stat.st_size == manifest.get("source_bytes") and stat.st_mtime_ns == manifest.get("source_mtime_ns")
-
-
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def is_output_folder(folder: Path) -> bool:
+    """Does `folder` hold a document's converted output (a manifest of this bundle's, not some other
+    program's manifest.json)?"""
+    if not (folder / MANIFEST).is_file():
+        return False
+    manifest = read_manifest(folder)
+    return manifest is not None and manifest.get("format") in (1, FORMAT) and isinstance(manifest.get("pages"), dict)
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -169,12 +165,13 @@ class DocumentOutput:
 
     # ------------------------------------------------------------ opening
     @classmethod
-    def open(cls, folder: Path, source: Path, sha256: str, settings: ConversionSettings,
+    def open(cls, folder: Path, item: InputFile, snapshot: Snapshot, settings: ConversionSettings,
              lock: DocumentLock | None = None, drop: frozenset[str] = frozenset()) -> tuple[DocumentOutput, str | None]:
-        """The document's output under the current basis, with the earlier pages kept; with a
-        note when some of them are stale (None when everything earlier still holds). Call it
-        holding the folder's lock: a killed run's journal is compacted here. Nothing is written
-        when nothing changed."""
+        """The document's output under the current basis (`snapshot`: the content the pages are
+        read from, ocr_bundle.batch.identity), with the earlier pages kept; with a note when some
+        of them are stale (None when everything earlier still holds). Call it holding the folder's
+        lock: a killed run's journal is compacted here. Nothing is written when nothing changed,
+        where the file was found included (another mount point of the same corpus)."""
         fresh = {"format": FORMAT, "pages": {}}
         note = None
         path = folder / MANIFEST
@@ -187,14 +184,13 @@ class DocumentOutput:
         manifest = fresh if earlier is None or earlier.get("format") not in (1, FORMAT) else _upgraded(earlier)
         if earlier is not None and manifest is fresh:
             note = f"manifest of an unknown format ({earlier.get('format')!r}): converted again"
-        same_file = manifest.get("source_sha256") == sha256
+        same_file = manifest.get("source_sha256") == snapshot.sha256
         known = ((manifest["kind"], manifest["page_count"])
                  if same_file and manifest.get("kind") and manifest.get("page_count") and not manifest.get("error")
                  else None)
-        before = json.dumps(manifest, sort_keys=True)
-        stat = source.stat()
-        manifest.update(source=str(source.resolve()), source_sha256=sha256, source_bytes=stat.st_size,
-                        source_mtime_ns=stat.st_mtime_ns, settings=settings.as_dict(), error=None)
+        before = _without_location(manifest)
+        manifest.update(source=str(item.path), relative=item.relative.as_posix(), **snapshot.as_manifest(),
+                        settings=settings.as_dict(), error=None)
         # What the assembled document leaves out of grounded pages: a change rewrites the manifest,
         # which makes <name>.md older than it, so the run reassembles it (no page converted again).
         if drop or "drop" in manifest:
@@ -202,7 +198,7 @@ class DocumentOutput:
         if known is None:
             manifest.update(kind=None, page_count=None)
         output = cls(folder, manifest, known, lock)
-        if replayed or json.dumps(manifest, sort_keys=True) != before:
+        if replayed or _without_location(manifest) != before:
             with output._lock:
                 output._save()
         stale = output.stale_pages()
@@ -211,7 +207,7 @@ class DocumentOutput:
         return output, note
 
     @classmethod
-    def unreadable(cls, folder: Path, source: Path, settings: ConversionSettings, error: str,
+    def unreadable(cls, folder: Path, item: InputFile, settings: ConversionSettings, error: str,
                    lock: DocumentLock | None = None) -> DocumentOutput:
         """A file that cannot be read now (gone, unreadable, too large). Its folder is left as
         it is when it holds earlier work (the file may be readable again next time); otherwise
@@ -221,7 +217,8 @@ class DocumentOutput:
             if lock is not None:
                 lock.release()  # nothing of it is written this run: another converter may have it
             return cls(folder, {**(earlier or {"pages": {}}), "error": error})
-        output = cls(folder, {"format": FORMAT, "source": str(source.resolve()), "source_sha256": None,
+        output = cls(folder, {"format": FORMAT, "source": str(item.path), "relative": item.relative.as_posix(),
+                              "source_sha256": None,
                               "source_bytes": None, "settings": settings.as_dict(), "kind": None,
                               "page_count": None, "error": error, "pages": {}, "updated_at": now()},
                      lock=lock)
@@ -232,7 +229,7 @@ class DocumentOutput:
     # ------------------------------------------------------------ state
     @property
     def name(self) -> str:
-        return Path(self.manifest["source"]).stem
+        return stem_of(self.manifest)
 
     def _current(self, record: dict) -> bool:
         return (record.get("source_sha256") == self.manifest.get("source_sha256")
@@ -450,6 +447,12 @@ class DocumentOutput:
                 parts.append(f"<!-- page {page} not converted yet: rerun to resume -->")
         atomic_write_text(self.document_file(), "\n\n".join(parts) + "\n", durable=True)
         return self.document_file()
+
+
+def _without_location(manifest: dict) -> str:
+    """The manifest as compared for "did anything change": where the file was found is left out (the same
+    corpus read through another mount point is the same work)."""
+    return json.dumps({key: value for key, value in manifest.items() if key != "source"}, sort_keys=True)
 
 
 def _in_comment(text: object) -> str:

@@ -56,10 +56,10 @@ from .manifest import (
     ConversionSettings,
     DocumentClosed,
     DocumentOutput,
-    file_sha256,
     read_manifest,
-    same_file_as_hashed,
 )
+from . import identity
+from .identity import Snapshot
 from ..grounding import parse
 from .grounded import grounded_page
 from .locking import DocumentLock
@@ -111,7 +111,7 @@ class Document:
     todo: list[int]  # not done yet
     error: str | None = None  # why the file cannot be read at all
     note: str | None = None  # why earlier work is not reused as it is
-    sha256: str | None = None  # the content the pages were counted on: the basis when the run claims it
+    snapshot: Snapshot | None = None  # the content the pages were counted on: checked again when the run claims it
     held_by: str | None = None  # another live converter holds the folder: skipped ("pid N on host")
     assemble: bool = False  # <name>.md is missing or older than the record: rewrite it
     touched: bool = False  # a page was recorded in this run
@@ -123,36 +123,22 @@ class Document:
 
 
 class ContentHashes:
-    """Each input's SHA-256, computed once and only when needed: a file whose path, size and
-    modification time match its manifest's is taken to be the file hashed then."""
+    """Each input's snapshot (ocr_bundle.batch.identity), taken once and only hashed when needed: a
+    file whose size and modification time match its own manifest's is taken to be the file hashed then."""
 
-    def __init__(self, inputs: list[InputFile], max_bytes: int):
-        self.stats: dict[Path, os.stat_result | InputError | OSError] = {}
-        for item in inputs:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._snapshots: dict[Path, Snapshot | InputError | OSError] = {}
+
+    def of(self, item: InputFile, earlier: dict | None = None) -> Snapshot | InputError | OSError:
+        if item.path not in self._snapshots:
+            known = (identity.recorded(earlier) if earlier is not None and identity.same_document(earlier, item)
+                     else None)
             try:
-                stat = item.path.stat()
-                check_size(stat.st_size, max_bytes)
-                self.stats[item.path] = stat
+                self._snapshots[item.path] = identity.take(item.path, self.max_bytes, known)
             except (InputError, OSError) as exc:
-                self.stats[item.path] = exc
-        self._hashes: dict[Path, str | OSError] = {}
-
-    def of(self, item: InputFile, earlier: dict | None = None) -> str | InputError | OSError:
-        stat = self.stats[item.path]
-        if not isinstance(stat, os.stat_result):
-            return stat
-        if item.path not in self._hashes:
-            if earlier is not None and earlier.get("source_sha256") and _same_file(earlier, item.path, stat):
-                return earlier["source_sha256"]
-            try:
-                self._hashes[item.path] = file_sha256(item.path)
-            except OSError as exc:
-                self._hashes[item.path] = exc
-        return self._hashes[item.path]
-
-
-def _same_file(earlier: dict, path: Path, stat: os.stat_result) -> bool:
-    return earlier.get("source") == str(path.resolve()) and same_file_as_hashed(earlier, stat)
+                self._snapshots[item.path] = exc
+        return self._snapshots[item.path]
 
 
 def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, options: BatchOptions,
@@ -162,18 +148,19 @@ def scan(inputs: list[InputFile], out_root: Path, settings: ConversionSettings, 
     crashes its parser fails alone), pages already done. Bad files are documents with an
     error, never exceptions; a file unreadable now keeps its earlier output; a folder
     another converter holds is skipped. A full disk raises (OSError)."""
-    hashes = ContentHashes(inputs, options.max_bytes)
+    hashes = ContentHashes(options.max_bytes)
 
     def belongs(item: InputFile, folder: PurePath) -> bool | None:
-        """Does `folder` hold this input's earlier output (its path or its content), another's, or none?"""
+        """Does `folder` hold this input's earlier output (the same document, or its content), another's, or none?"""
         if not (out_root / folder / MANIFEST).exists():
             return None
         earlier = read_manifest(out_root / folder)
         if earlier is None:
             return False  # a manifest that cannot be read: not ours to take
-        if earlier.get("source") and Path(earlier["source"]).resolve() == item.path.resolve():
+        if identity.same_document(earlier, item):
             return True
-        return earlier.get("source_sha256") == hashes.of(item)
+        snapshot = hashes.of(item, earlier)
+        return isinstance(snapshot, Snapshot) and earlier.get("source_sha256") == snapshot.sha256
 
     folders = output_folders(inputs, belongs)
     documents: list[Document] = []
@@ -190,25 +177,25 @@ def _scan_chunk(inputs: list[InputFile], out_root: Path, folders: dict[Path, Pur
     opened = []
     for item in inputs:
         folder = out_root / folders[item.path]
-        lock = DocumentLock.acquire(folder)
+        lock = DocumentLock.acquire(folder, announce=False)
         if isinstance(lock, str):  # another live converter: its files, its temporary files, its pages
             opened.append((item, DocumentOutput(folder, {"source": str(item.path), "pages": {}}), None, None, lock))
             continue
         remove_partials(folder)  # what a killed run left half-written: ours to clean, we hold the lock
-        sha256 = hashes.of(item, read_manifest(folder) if not options.force else None)
-        if not isinstance(sha256, str):
-            error = _reason(sha256)
-            opened.append((item, DocumentOutput.unreadable(folder, item.path, settings, error, lock), None, error,
+        snapshot = hashes.of(item, read_manifest(folder) if not options.force else None)
+        if not isinstance(snapshot, Snapshot):
+            error = _reason(snapshot)
+            opened.append((item, DocumentOutput.unreadable(folder, item, settings, error, lock), None, error,
                            None))
             continue
         try:
-            output, note = DocumentOutput.open(folder, item.path, sha256, settings, lock, options.drop)
+            output, note = DocumentOutput.open(folder, item, snapshot, settings, lock, options.drop)
         except OSError as exc:
             lock.release()
             if is_disk_full(exc):
                 raise
-            error = _reason(exc)  # the file vanished since it was hashed
-            opened.append((item, DocumentOutput.unreadable(folder, item.path, settings, error), None, error, None))
+            error = _reason(exc)
+            opened.append((item, DocumentOutput.unreadable(folder, item, settings, error), None, error, None))
             continue
         # Counting a PDF's pages runs pdfium: in the pool, all files at once.
         counting = None if output.known_shape else pool.submit(CountJob(str(item.path), options.max_bytes))
@@ -240,7 +227,7 @@ def _counted(item: InputFile, output: DocumentOutput, note: str | None, counting
         return Document(item, output, None, [], [], error=error, note=note)
     pages = pages_in(options.pages, count) if kind in PAGED_KINDS else [1]
     return Document(item, output, kind, pages, _todo(output, pages, options), None, note,
-                    sha256=output.manifest["source_sha256"], assemble=not output.assembly_current())
+                    snapshot=identity.recorded(output.manifest), assemble=not output.assembly_current())
 
 
 def _todo(output: DocumentOutput, pages: list[int], options: BatchOptions) -> list[int]:
@@ -457,8 +444,13 @@ class BatchConverter:
         if any(d.todo for d in self.documents):
             self._run_pipeline()
         self.convert_s = time.perf_counter() - start
+        # Stopped early (Ctrl-C, the server gone, a full disk): the documents this run never reached
+        # are left as they are, not claimed only to write placeholders; the stop takes as long whatever
+        # the corpus's size.
+        stopped_early = self.interrupted or self.watch.gone.is_set() or self.disk_full is not None
         for document in self.documents:
-            if document.held_by is None:
+            if document.held_by is None and not (stopped_early and document.output.folder_lock is None
+                                                 and not document.touched):
                 self._finish(document)
         if self.disk_full:
             return "disk full"
@@ -516,6 +508,8 @@ class BatchConverter:
     def _producer(self) -> None:
         try:
             for document in self.documents:
+                if self.stopping.is_set():
+                    return
                 if not document.todo or not self._claim(document):
                     continue
                 if not document.todo:  # another run finished it since the scan
@@ -540,8 +534,11 @@ class BatchConverter:
 
     def _claim(self, document: Document) -> bool:
         """Take the document's folder for the run, its record read again (another run may have
-        converted some of its pages since the scan: they are left out). False when another live
-        converter holds it: its pages stay pending, and it is said so."""
+        converted some of its pages since the scan: they are left out), and the file looked at
+        again (ocr_bundle.batch.identity): one replaced since the scan is hashed and counted anew
+        and converted as it is now; one gone or unreadable is this document's error, not the run's.
+        False when another live converter holds it (its pages stay pending, and it is said so) or
+        the file cannot be read."""
         lock = DocumentLock.acquire(document.output.folder)
         if isinstance(lock, str):
             document.held_by = lock
@@ -549,12 +546,34 @@ class BatchConverter:
                                   "(rerun once it ends to finish it)")
             return False
         try:
-            output, _ = DocumentOutput.open(document.output.folder, document.source.path, document.sha256,
-                                            self.settings, lock, self.options.drop)
+            try:
+                snapshot = identity.take(document.source.path, self.options.max_bytes, document.snapshot)
+                shape = (document.kind, document.output.manifest.get("page_count"))
+                if snapshot != document.snapshot:
+                    counted = RenderPool.result(self.pool.submit(CountJob(str(document.source.path),
+                                                                          self.options.max_bytes)))
+                    if counted.error:
+                        raise InputError(counted.error)
+                    shape = (counted.kind, counted.page_count)
+                    self.progress.message(f"{document.source.relative}: changed since it was read at the start: "
+                                          "converted as it is now")
+            except (InputError, OSError) as exc:
+                if is_disk_full(exc):
+                    raise
+                document.error, document.todo = f"since the start of the run: {_reason(exc)}", []
+                self.progress.message(f"{document.source.relative}: {document.error}")
+                lock.release()
+                return False
+            output, _ = DocumentOutput.open(document.output.folder, document.source, snapshot, self.settings, lock,
+                                            self.options.drop)
         except BaseException:
             lock.release()
             raise
-        output.describe(document.kind, document.output.manifest.get("page_count"), None)  # as the scan counted
+        output.describe(*shape, None)
+        if snapshot != document.snapshot:
+            document.kind, document.snapshot = shape[0], snapshot
+            document.pages = pages_in(self.options.pages, shape[1]) if shape[0] in PAGED_KINDS else [1]
+            document.todo = list(document.pages)
         document.output = output
         document.todo = _todo(output, document.todo, self.options)
         return True

@@ -11,14 +11,14 @@ since, and every `<name>.md` is current: that, and only that, exits 0.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..inputs import InputFile
 from ..tables import aligned
-from .locking import holder_of
-from .manifest import FAILED, MANIFEST, DocumentOutput, file_sha256, same_file_as_hashed
+from .locking import held_locks, holder_of
+from . import identity
+from .manifest import FAILED, MANIFEST, DocumentOutput, read_manifest
 
 COUNTS = ("ok", "flagged", "failed", "stale", "pending")
 
@@ -39,18 +39,21 @@ class DocumentStatus:
                 and done == sum(self.pages.values()))
 
 
-def document_status(folder: Path) -> DocumentStatus:
+def document_status(folder: Path, source: Path | None = None,
+                    held: dict[tuple[int, int, int], int] | None = None) -> DocumentStatus:
+    """One document's state; `source`: where its input is now (given the corpus), else where it was last
+    seen; `held`: the locks held on this machine (locking.held_locks)."""
     output = DocumentOutput.load(folder)
     if output is None:
         return DocumentStatus(folder, "?", problem="its manifest cannot be read")
     manifest = output.manifest
-    status = DocumentStatus(folder, manifest.get("source") or "?", held_by=holder_of(folder),
-                            assembled=output.assembly_current())
+    status = DocumentStatus(folder, str(source) if source else manifest.get("source") or "?",
+                            held_by=holder_of(folder, held), assembled=output.assembly_current())
     if manifest.get("error"):
         status.problem = f"unreadable: {manifest['error']}"
     elif not manifest.get("kind"):
         status.problem = "pages not counted yet (a run was stopped while reading it)"
-    changed = _source_changed(manifest)
+    changed = _source_changed(manifest, source)
     if changed and status.problem is None:
         status.problem = changed
     for page in output.all_pages():
@@ -67,33 +70,40 @@ def document_status(folder: Path) -> DocumentStatus:
     return status
 
 
-def _source_changed(manifest: dict) -> str | None:
-    """Why the input no longer is the file converted (None when it still is, or cannot be told)."""
-    source = manifest.get("source")
-    if not source or not manifest.get("source_sha256"):
+def _source_changed(manifest: dict, source: Path | None) -> str | None:
+    """Why the input no longer is the file converted (None when it still is, or cannot be told). `source`:
+    the input as the corpus names it now; without it, where the manifest last saw it."""
+    recorded = identity.recorded(manifest)
+    path = source or (Path(manifest["source"]) if manifest.get("source") else None)
+    if path is None or recorded is None:
         return None
     try:
-        stat = os.stat(source)
+        now = identity.take(path, known=recorded)
     except FileNotFoundError:
-        return None  # moved or deleted: the output stands on its own
+        # Given the corpus, its file is gone; otherwise it was moved or deleted: the output stands on its own.
+        return "its input is gone from the corpus" if source else None
     except OSError as exc:
-        return f"its input cannot be read now ({exc.strerror})"
-    if same_file_as_hashed(manifest, stat):
-        return None
-    try:
-        same = stat.st_size == manifest.get("source_bytes") and file_sha256(Path(source)) == manifest["source_sha256"]
-    except OSError:
-        same = False
-    return None if same else "its input changed since it was converted: rerun to convert it again"
+        return f"its input cannot be read now ({exc.strerror or exc})"
+    return None if now.sha256 == recorded.sha256 else "its input changed since it was converted: rerun to convert it again"
 
 
 def corpus_status(out: Path, inputs: list[InputFile] = ()) -> list[DocumentStatus]:
     """Every document folder under `out`; and each of `inputs` (the corpus, when given) that no
-    run has started, as a document of no pages with that problem: a shard that never ran."""
-    documents = [document_status(path.parent) for path in sorted(out.rglob(MANIFEST))]
-    started = {Path(d.source).resolve() for d in documents if d.source != "?"}
-    for item in inputs:
-        if item.path.resolve() not in started:
+    run has started, as a document of no pages with that problem: a shard that never ran.
+    Documents and inputs meet by their relative path (ocr_bundle.batch.identity): the corpus may be
+    mounted here at another path than where the converters read it."""
+    by_relative = {item.relative.as_posix(): item for item in inputs}
+    documents, started, held = [], set(), held_locks()
+    for path in sorted(out.rglob(MANIFEST)):
+        manifest = read_manifest(path.parent) or {}
+        relative = identity.relative_of(manifest)
+        if relative is None:  # a manifest of an older bundle: by the path it recorded
+            relative = next((key for key, item in by_relative.items() if identity.same_document(manifest, item)), None)
+        item = by_relative.get(relative) if relative else None
+        documents.append(document_status(path.parent, item.path if item else None, held))
+        started.add(relative)
+    for relative, item in by_relative.items():
+        if relative not in started:
             documents.append(DocumentStatus(out / item.relative, str(item.path),
                                             problem="not started: no run has converted it yet"))
     return documents

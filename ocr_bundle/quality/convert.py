@@ -16,8 +16,10 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..batch.identity import relative_of
 from ..batch.manifest import DONE, MANIFEST, DocumentOutput
 from ..client import OcrClient
+from ..settings import ENV_API_KEY, child_environment
 from .bench import Bench
 
 BUNDLE_ROOT = Path(__file__).resolve().parents[2]  # where the ocr_bundle package is imported from
@@ -61,8 +63,9 @@ def convert_repeat(bench: Bench, run: Path, repeat: int, client: OcrClient, sett
                *settings.batch_arguments(), *(["--ca-cert", client.trust.ca] if client.trust.ca else [])]
     if quiet:
         command.append("--quiet")
-    env = {**os.environ, "VLLM_API_KEY": client.api_key or "",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(BUNDLE_ROOT), os.environ.get("PYTHONPATH")]))}
+    env = child_environment(**{ENV_API_KEY: client.api_key,
+                               "PYTHONPATH": os.pathsep.join(filter(None, [str(BUNDLE_ROOT),
+                                                                           os.environ.get("PYTHONPATH")]))})
     process = subprocess.Popen(command, env=env)
     try:
         return process.wait()
@@ -75,7 +78,7 @@ def converted_pages(bench: Bench, run: Path, repeats: int,
     """{(pdf, page, repeat): Markdown} for every page done under the run's settings, and how many
     pages of the benchmark's PDFs are not (failed, left pending, or never converted). A grounded
     page's Markdown leaves out the blocks in `drop`."""
-    by_source = {(bench.pdf_folder / name).resolve(): name for name in bench.pdfs}
+    names = set(bench.pdfs)  # each PDF's path relative to the folder the converter was given: its identity
     texts: dict[tuple[str, int, int], str] = {}
     expected = 0
     for repeat in range(1, repeats + 1):
@@ -83,8 +86,8 @@ def converted_pages(bench: Bench, run: Path, repeats: int,
         for manifest_path in sorted(repeat_folder(run, repeat).rglob(MANIFEST)):
             output = DocumentOutput.load(manifest_path.parent)
             manifest = output.manifest if output else None
-            name = by_source.get(Path(manifest["source"]).resolve()) if manifest and manifest.get("source") else None
-            if name is None:
+            name = relative_of(manifest) if manifest else None
+            if name not in names:
                 continue
             counts[name] = manifest.get("page_count") or 1
             for page in sorted(output.done_pages(DONE)):
