@@ -127,3 +127,31 @@ def test_grounding_is_refused_for_a_model_without_it(server, tmp_path, capsys):
     image = picture_page(tmp_path / "in" / "report.png")
     run = convert(capsys, server.url, tmp_path / "out", str(image), "--grounding")
     assert run.code == 2 and "--grounding needs a LightOnOCR-3 model" in run.err and server.chat_count() == 0
+
+
+def test_a_picture_under_a_pixel_is_skipped_with_a_note_and_the_page_is_done(v3, tmp_path, capsys):
+    """issue 44, case 7: a box narrower than a pixel once scaled to the page (2..3 of 1000 on 800 px) was an
+    empty crop: 'cannot write empty image', the page pending forever."""
+    image = tmp_path / "in" / "page.png"
+    image.parent.mkdir(parents=True)
+    Image.new("RGB", (800, 600), "white").save(image)
+    v3.responder = lambda request: Reply(text="![text](100,100,900,200) Words\n![image](2,300,3,400)")
+    run = convert(capsys, v3.url, tmp_path / "out", str(image), "--grounding")
+    assert run.code == 0, run.err
+    record = manifest(tmp_path / "out" / "page.png")["pages"]["1"]
+    assert record["status"] == "ok" and record["pictures"] == {}
+    assert record["pictures_skipped"] == ["block 2 (image): under 1 px on the 800x600 page"]
+    assert (tmp_path / "out" / "page.png" / "page.md").read_text().count("Words") == 1
+
+
+def test_drop_applies_to_a_flagged_page_whose_reply_parsed(v3, tmp_path, capsys):
+    """issue 44, case 7: a page flagged (here: its text ends in a loop on every attempt) whose blocks parsed
+    kept its header and page number in <name>.md whatever --drop said."""
+    image = picture_page(tmp_path / "in" / "report.png")
+    looping = PAGE + "\n![text](100,985,900,995) The end" + " and well" * 80  # the reply's tail loops
+    v3.responder = lambda request: Reply(text=looping)
+    run = convert(capsys, v3.url, tmp_path / "out", str(image), "--grounding", "--drop", "header,page_number")
+    record = manifest(tmp_path / "out" / "report.png")["pages"]["1"]
+    assert record["status"] == "flagged" and record["parsed"] is True, record
+    document = (tmp_path / "out" / "report.png" / "report.md").read_text()
+    assert "Annual report" in document and "ACME Corp" not in document and "\n7\n" not in document + "\n"

@@ -117,6 +117,33 @@ def test_runs_with_missing_pages_are_compared_only_when_allowed_and_on_what_both
     assert note == "--allow-missing: comparing 9 of 10 tests, those of the pages both runs converted (1 page(s) left out)"
     assert compare(a, b, "a", "b").rows[0].verdict == "no worse within the interval"  # not "worse": nothing was lost
     assert complete_pairs(full, full, "a", "b", allow_missing=False) == (full, full, None)
+    # Nothing (or too little) in common: refused even with --allow-missing.
+    empty = score_of({"text": [True] * 10})
+    empty = Score(empty.overall, empty.low, empty.high, empty.categories,
+                  [Outcome(t.id, t.pdf, t.page, t.type, t.category, False, MISSING_PAGE) for t in empty.tests], 1, [],
+                  "test")
+    with pytest.raises(NotComparable, match=r"only 0 of 10 tests \(0%\) .*below the 50%"):
+        complete_pairs(full, empty, "a", "b", allow_missing=True)
+
+
+def test_a_page_missing_from_one_repeat_is_a_missing_page(tmp_path: Path):
+    """--repeats 3: a page converted in two repeats of three is not scored from two (the scorer's majority
+    would read the absent one as a pass or a fail): it is missing, refused unless --allow-missing."""
+    make_bench.write_bench(tmp_path / "bench", 2)
+    bench = load_bench(tmp_path / "bench")
+    settings = ConversionSettings("m", 64, 200, 1540, "PNG")
+    run = tmp_path / "run"
+    for repeat in (1, 2, 3):
+        for index, name in enumerate(bench.pdfs):
+            if index == 1 and repeat == 2:
+                continue  # the second PDF's page failed in repeat 2
+            output, _ = DocumentOutput.open(repeat_folder(run, repeat) / name, *_input(bench, bench.pdf_folder / name),
+                                            settings)
+            output.describe("pdf", 1)
+            output.record_page(1, {"status": "ok"}, f"{name} repeat {repeat}")
+    pages, missing = converted_pages(bench, run, repeats=3)
+    assert sorted(pages) == [(bench.pdfs[0], 1, repeat) for repeat in (1, 2, 3)]
+    assert missing == 3  # the second PDF's page, in each of its three repeats
 
 
 def cache_info(dtype: str, server: str | None = None) -> str:

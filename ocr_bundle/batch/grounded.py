@@ -28,19 +28,27 @@ def grounded_page(reply: str, cut: bool, rendered: RenderedPage,
     width, height = rendered.width, rendered.height
     files: dict[str, bytes] = {}
     pictures: dict[int, str] = {}
+    skipped: list[str] = []
     if rendered.data_url and any(block.label in CROPPED for block in parsed.blocks):
         page = decode_data_url(rendered.data_url)
         width, height = page.size
         for index, block in enumerate(parsed.blocks):
             if block.label in CROPPED:
+                box = block.pixels(width, height)
+                if box[2] - box[0] < 1 or box[3] - box[1] < 1:  # under a pixel on this page: nothing to cut
+                    skipped.append(f"block {index + 1} ({block.label}): under 1 px on the {width}x{height} page")
+                    continue
                 name = f"{stem}-{index + 1}-{block.label}.png"
-                files[(folder / name).as_posix()] = encode_image(page.crop(block.pixels(width, height)), "PNG")[0]
+                files[(folder / name).as_posix()] = encode_image(page.crop(box), "PNG")[0]
                 pictures[index] = name
     blocks_file = (folder / f"{stem}.blocks.jsonl").as_posix()
     files[blocks_file] = "".join(json.dumps(block.as_dict(width, height), ensure_ascii=False) + "\n"
                                  for block in parsed.blocks).encode("utf-8")
     files[(folder / f"{stem}.raw.txt").as_posix()] = reply.encode("utf-8")
     markdown = to_markdown(parsed.blocks, pictures=pictures) if parsed.clean else reply
-    fields = {"blocks_file": blocks_file, "blocks": len(parsed.blocks),
-              "pictures": {str(index): (folder / name).as_posix() for index, name in pictures.items()}}
+    # "parsed": the reply parsed cleanly, so the page's Markdown is made from its blocks (and --drop applies),
+    # whatever the page's status (a flagged page's blocks may have parsed).
+    fields = {"blocks_file": blocks_file, "blocks": len(parsed.blocks), "parsed": parsed.clean,
+              "pictures": {str(index): (folder / name).as_posix() for index, name in pictures.items()},
+              **({"pictures_skipped": skipped} if skipped else {})}
     return markdown, files, fields

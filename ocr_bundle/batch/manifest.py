@@ -385,9 +385,10 @@ class DocumentOutput:
         return to_markdown(blocks, drop, pictures), carried
 
     def _clean_blocks(self, record: dict) -> list[Block] | None:
-        """A grounded page's blocks when it parsed cleanly (None: use its page file as it is)."""
+        """A grounded page's blocks when its reply parsed cleanly, flagged or not (None: use its page file
+        as it is). Records of older runs, which did not say, count as parsed when the page was ok."""
         name = record.get("blocks_file")
-        if not name or record.get("status") != OK:
+        if not name or not record.get("parsed", record.get("status") == OK) or record.get("status") == FAILED:
             return None
         try:
             lines = (self.folder / name).read_text(encoding="utf-8").splitlines()

@@ -48,6 +48,10 @@ class Comparison:
         return {**asdict(self), "worse": [row.category for row in self.worse]}
 
 
+# With --allow-missing, the share of tests both runs must have for their comparison to say anything.
+MIN_COMMON_SHARE = 0.5
+
+
 class NotComparable(Exception):
     """Two runs that cannot be compared as they are (pages missing); the message says what to do."""
 
@@ -66,6 +70,11 @@ def complete_pairs(a: Score, b: Score, a_label: str, b_label: str, allow_missing
                               "--allow-missing to compare only the pages both runs converted")
     left_out = set().union(*missing.values())
     kept_a, kept_b = a.without_pages(left_out), b.without_pages(left_out)
+    share = len(kept_a.tests) / len(a.tests) if a.tests else 0.0
+    if share < MIN_COMMON_SHARE:
+        raise NotComparable(f"--allow-missing: only {len(kept_a.tests)} of {len(a.tests)} tests ({share:.0%}) are of "
+                            f"pages both runs converted, below the {MIN_COMMON_SHARE:.0%} a comparison needs: rerun "
+                            "to complete them")
     return kept_a, kept_b, (f"--allow-missing: comparing {len(kept_a.tests)} of {len(a.tests)} tests, those of the "
                             f"pages both runs converted ({len(left_out)} page(s) left out)")
 

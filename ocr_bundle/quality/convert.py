@@ -75,9 +75,9 @@ def convert_repeat(bench: Bench, run: Path, repeat: int, client: OcrClient, sett
 
 def converted_pages(bench: Bench, run: Path, repeats: int,
                     drop: frozenset[str] = frozenset()) -> tuple[dict[tuple[str, int, int], str], int]:
-    """{(pdf, page, repeat): Markdown} for every page done under the run's settings, and how many
-    pages of the benchmark's PDFs are not (failed, left pending, or never converted). A grounded
-    page's Markdown leaves out the blocks in `drop`."""
+    """{(pdf, page, repeat): Markdown} for every page done under the run's settings in every repeat, and
+    how many page conversions of the benchmark's PDFs are not there (failed, left pending, never
+    converted, or done in some repeats only). A grounded page's Markdown leaves out the blocks in `drop`."""
     names = set(bench.pdfs)  # each PDF's path relative to the folder the converter was given: its identity
     texts: dict[tuple[str, int, int], str] = {}
     expected = 0
@@ -93,4 +93,9 @@ def converted_pages(bench: Bench, run: Path, repeats: int,
             for page in sorted(output.done_pages(DONE)):
                 texts[(name, page, repeat)] = output.page_markdown(manifest["pages"][str(page)], drop)[0]
         expected += sum(counts.get(name, 1) for name in bench.pdfs)
+    # A page is this profile's only with every repeat: one missing from a repeat is missing (the scorer's
+    # majority over repeats would otherwise read an absent repeat as a pass or a fail).
+    complete = {(name, page) for name, page, _ in texts
+                if all((name, page, repeat) in texts for repeat in range(1, repeats + 1))}
+    texts = {key: text for key, text in texts.items() if key[:2] in complete}
     return texts, expected - len(texts)
