@@ -155,3 +155,16 @@ def test_drop_applies_to_a_flagged_page_whose_reply_parsed(v3, tmp_path, capsys)
     assert record["status"] == "flagged" and record["parsed"] is True, record
     document = (tmp_path / "out" / "report.png" / "report.md").read_text()
     assert "Annual report" in document and "ACME Corp" not in document and "\n7\n" not in document + "\n"
+
+
+def test_a_garbled_page_of_700_boxes_keeps_a_small_record(v3, tmp_path, capsys):
+    """issue 44, case 8: every attempt's whole problem list went into the manifest (227 KB for one page)."""
+    image = picture_page(tmp_path / "in" / "report.png")
+    garbled = "\n".join(f"![text](9{i},1,2,3) x" for i in range(700))  # boxes with x2 < x1: each a problem
+    v3.responder = lambda request: Reply(text=garbled)
+    run = convert(capsys, v3.url, tmp_path / "out", str(image), "--grounding", "--max-attempts", "2")
+    folder = tmp_path / "out" / "report.png"
+    record = manifest(folder)["pages"]["1"]
+    assert record["status"] == "flagged" and len(record["attempt_log"]) == 2, record
+    assert all(len(a["problems"]) == 5 and a["problem_count"] >= 700 for a in record["attempt_log"])
+    assert (folder / "manifest.json").stat().st_size < 10_000
