@@ -32,7 +32,8 @@ serve/    the server side: the launcher's decisions, scale-out, attention and tu
           server's membership in it
           (standard library only, but warmup, a client)
 loadtest/ the stress test: threaded replay and metrics, GPU and /metrics pollers, reports
-batch/    the batch converter: command line, pipeline, render processes, resumable output
+batch/    the batch converter: command line, options, scan, a document's identity, a page's
+          attempts, the server watch, the run (pipeline), render processes, resumable output
           (page journal, manifest), document locks, loop detection, run summary, --status
 quality/  the quality check: olmOCR-Bench folders, conversion through the batch converter, olmocr's
           scorer, the serving profile a run records, paired comparison, reports

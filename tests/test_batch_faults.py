@@ -27,7 +27,9 @@ from PIL import Image
 import batch_ocr
 from ocr_bundle.batch import cli as batch_cli
 from helpers import PYTHON, ROOT, wait_for
-from ocr_bundle.batch.pipeline import BatchConverter, BatchOptions, scan
+from ocr_bundle.batch.options import BatchOptions
+from ocr_bundle.batch.pipeline import BatchConverter
+from ocr_bundle.batch.scan import scan
 from ocr_bundle.client import OcrClient
 from ocr_bundle.inputs import discover
 from ocr_bundle.batch.manifest import ConversionSettings

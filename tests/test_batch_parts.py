@@ -12,7 +12,8 @@ from pathlib import Path, PurePath
 
 import pytest
 
-from ocr_bundle.batch.pipeline import Attempt, BatchOptions, PageStats, flag_of, is_transient
+from ocr_bundle.batch.attempts import Attempt, PageStats, flag_of, is_transient
+from ocr_bundle.batch.options import BatchOptions
 from ocr_bundle.batch.summary import client_cost
 from ocr_bundle.client import OcrError
 from ocr_bundle.files import atomic_write_json, atomic_write_text, is_partial, remove_partials

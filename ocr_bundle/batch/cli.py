@@ -56,7 +56,9 @@ import time
 from pathlib import Path
 
 from .manifest import MANIFEST, ConversionSettings, is_output_folder
-from .pipeline import BatchConverter, BatchOptions, Document, Progress, scan
+from .options import BatchOptions
+from .pipeline import BatchConverter, Progress
+from .scan import Document, scan
 from .render_pool import RenderPool
 from .status import corpus_status, status_report
 from .summary import run_summary, summary_lines

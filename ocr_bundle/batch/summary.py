@@ -13,7 +13,9 @@ import resource
 from pathlib import Path
 
 from ..headroom import headroom_verdict
-from .pipeline import BatchConverter, Document, PageStats
+from .attempts import PageStats
+from .pipeline import BatchConverter
+from .scan import Document
 
 # Lists of pages in the summary are capped; every page is in its document's manifest anyway.
 LISTED = 200

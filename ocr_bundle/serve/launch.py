@@ -31,7 +31,6 @@ from ocr_bundle.settings import (
     MAX_OUTPUT_TOKENS,
     MODEL_ID,
     PAGE_PROMPT_TOKENS,
-    api_key_from_env,
     env_default,
     refuse_secret_on_command_line,
 )
