@@ -241,3 +241,21 @@ def test_case8_ctrl_c_writes_nothing_for_documents_not_started(server, tmp_path)
     assert stopped_s < 10
     manifests = [json.loads(p.read_text()) for p in out.rglob("manifest.json")]
     assert all(m.get("relative") for m in manifests)
+
+
+def test_after_the_scan_a_document_holds_its_shape_not_its_pages(server, tmp_path, capsys):
+    """issue 44, case 8: every document kept its whole record in memory (~1.4 KB a page) for the whole run;
+    the run reads it again when it claims the document."""
+    from ocr_bundle.batch.manifest import ConversionSettings
+    from ocr_bundle.batch.options import BatchOptions
+    from ocr_bundle.batch.render_pool import RenderPool
+    from ocr_bundle.batch.scan import scan
+
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    small_pdf(corpus / "a.pdf", 6)
+    assert convert(capsys, server.url, out, str(corpus)).code == 0
+    settings = ConversionSettings("scripted-ocr", 4096, 200, 1540, "PNG")
+    with RenderPool(1) as pool:
+        (document,) = scan(discover([corpus]), out, settings, BatchOptions(), pool)
+    assert document.todo == [] and document.pages == [1, 2, 3, 4, 5, 6]
+    assert document.output.manifest["pages"] == {} and document.output.manifest["page_count"] == 6

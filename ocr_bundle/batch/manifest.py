@@ -226,6 +226,13 @@ class DocumentOutput:
             output._save()
         return output
 
+    def forget_pages(self) -> None:
+        """Keep what identifies the document and its shape, drop its page records (read only, or let go:
+        the run reads the record again when it claims the folder)."""
+        with self._lock:
+            self.manifest = {key: value for key, value in self.manifest.items() if key != "pages"}
+            self.manifest["pages"] = {}
+
     # ------------------------------------------------------------ state
     @property
     def name(self) -> str:

@@ -136,6 +136,9 @@ def _scan_chunk(inputs: list[InputFile], out_root: Path, folders: dict[Path, Pur
             documents.append(_counted(item, output, note, counting, options))
         finally:
             output.close()  # let go: the run claims the folder again when it reaches it
+            # The run reads the record again when it claims the document: between the scan and then, a
+            # document costs its index entry, not its pages (a corpus of any length in bounded memory).
+            output.forget_pages()
     return documents
 
 
