@@ -34,10 +34,19 @@ def as_input(path: Path) -> "InputFile":
     return InputFile(Path(os.path.abspath(path)), PurePath(Path(path).name))
 
 
+_GIVEN_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing listens on, and one this test session has not handed out before: two calls in a
+    row could otherwise get the same port from the kernel (a CI run started vLLM and the page on one)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
 
 
 def log_tail(path: Path, lines: int = 60) -> str:
