@@ -227,10 +227,10 @@ class DocumentOutput:
         return output
 
     def forget_pages(self) -> None:
-        """Keep what identifies the document and its shape, drop its page records (read only, or let go:
+        """Keep what names the document and its shape, drop the rest of its record (read only, or let go:
         the run reads the record again when it claims the folder)."""
         with self._lock:
-            self.manifest = {key: value for key, value in self.manifest.items() if key != "pages"}
+            self.manifest = {key: self.manifest.get(key) for key in ("source", "relative", "kind", "page_count")}
             self.manifest["pages"] = {}
 
     # ------------------------------------------------------------ state
