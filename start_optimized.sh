@@ -41,15 +41,15 @@
 #                  across a restart of the head) and leaves it on ./stop_optimized.sh. Checked before
 #                  vLLM starts: a gateway, both keys accepted, an address it can reach
 #   ROUTER_REQUEST_TIMEOUT, ROUTER_METRICS_PORT  the gateway's (python -m ocr_bundle.serve.gateway --help)
+#   STOP_GRACE     seconds stop_optimized.sh waits between TERM and KILL (default 30; whole seconds)
+#   MAX_PAGES_IN_FLIGHT, KV_CACHE_DTYPE, GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, ...
+#                  read by start_vllm_server.py (its --help lists them); e.g. MAX_PAGES_IN_FLIGHT=64
+#                  sizes GPU memory for 64 pages at once instead of taking 90% of the card
 #
 # Secrets (VLLM_API_KEY, ROUTER_ADMIN_KEY, UI_AUTH) come from the environment and reach each service
 # through its environment only, never a command line (scripts/lifecycle.sh, with_env). Arguments after
 # a bare -- go to vLLM as they are, checked by vLLM's own parser first: an API key or --ssl-* there is
 # refused (exit 2), whatever the spelling.
-#   STOP_GRACE     seconds stop_optimized.sh waits between TERM and KILL (default 30; whole seconds)
-#   MAX_PAGES_IN_FLIGHT, KV_CACHE_DTYPE, GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, ...
-#                  read by start_vllm_server.py (its --help lists them); e.g. MAX_PAGES_IN_FLIGHT=64
-#                  sizes GPU memory for 64 pages at once instead of taking 90% of the card
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/lifecycle.sh
@@ -196,7 +196,8 @@ for argument in "$@"; do
   if [[ $argument == -- && $has_server == true ]]; then
     if ! said=$("$PYTHON" "$ROOT/start_vllm_server.py" --model "$MODEL" --host "$SERVER_HOST" --port "$SERVER_PORT" \
                   --dry-run "$@" 2>&1 >/dev/null); then
-      refuse "$(grep -m1 '^error:' <<<"$said" | cut -c8- || echo "$said" | tail -n 3)"
+      reason=$(grep -m1 '^error:' <<<"$said" | cut -c8-)
+      refuse "${reason:-$(tail -n 3 <<<"$said")}"
     fi
     break
   fi
