@@ -259,3 +259,26 @@ def test_after_the_scan_a_document_holds_its_shape_not_its_pages(server, tmp_pat
         (document,) = scan(discover([corpus]), out, settings, BatchOptions(), pool)
     assert document.todo == [] and document.pages == [1, 2, 3, 4, 5, 6]
     assert document.output.manifest["pages"] == {} and document.output.manifest["page_count"] == 6
+
+
+def test_case1_a_file_replaced_while_its_pages_render_is_not_mixed_into_its_record(server, tmp_path):
+    """Replaced after the run claimed it: the pages not yet rendered fail with the reason (not rendered from
+    the new file under the old one's record); the rerun converts the file as it is now, every page."""
+    corpus, out = tmp_path / "in", tmp_path / "out"
+    small_pdf(corpus / "b.pdf", 12)
+    replacement = small_pdf(tmp_path / "b-new.pdf", 12)
+    gate = threading.Event()
+    server.responder = lambda request: gate.wait(timeout=30) and Reply()
+    run = run_batch(server.url, out, str(corpus), "--concurrency", "1")
+    wait_for_requests(server, 1)  # the first page is at the server, two more prepared: the rest wait
+    shutil.copyfile(replacement, corpus / "b.pdf")
+    os.utime(corpus / "b.pdf", ns=(time.time_ns(), time.time_ns()))
+    gate.set()
+    out_text, err = run.communicate(timeout=120)
+    assert run.returncode == 1, err
+    assert "The file changed since the run read it: rerun to convert it as it is now." in out_text + err
+    rerun = run_batch(server.url, out, str(corpus))
+    out_text, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+    code, report = status(out, corpus)
+    assert code == 0 and md_pages(out / "b.pdf" / "b.md") == 12, report

@@ -210,7 +210,8 @@ class BatchConverter:
                         self._slots.release()
                         return
                     job = PageJob(str(document.source.path), page, document.kind, self.settings.encoding,
-                                  self.settings.dpi, self.settings.longest_edge, self.options.max_bytes)
+                                  self.settings.dpi, self.settings.longest_edge, self.options.max_bytes,
+                                  (document.snapshot.size, document.snapshot.mtime_ns) if document.snapshot else None)
                     self._ready.put((document, page, self.pool.submit(job)))
         except Exception as exc:  # a bug: say so; the pages not handed out stay pending
             self._fault(f"preparing pages stopped ({type(exc).__name__}: {exc}); the pages not sent yet stay "

@@ -80,6 +80,12 @@ class PageJob:
     dpi: int
     longest_edge: int
     max_bytes: int
+    # (size, modification time in ns) of the file as the run claimed it: a page of a file replaced since
+    # is not rendered from the new content under the old document's record.
+    expected: tuple[int, int] | None = None
+
+
+CHANGED = "The file changed since the run read it: rerun to convert it as it is now."
 
 
 @dataclass(frozen=True)
@@ -103,12 +109,14 @@ def failure(job: Job, message: str) -> Outcome:
 
 # ------------------------------------------------------------------ in the worker
 
-_open_pdfs: OrderedDict = OrderedDict()  # per worker process: path -> pypdfium2 document
+_open_pdfs: OrderedDict = OrderedDict()  # per worker process: (path, (size, mtime)) -> pypdfium2 document
 
 
-def _pdf(path: str):
-    document = _open_pdfs.pop(path, None) or open_pdf(Path(path))
-    _open_pdfs[path] = document
+def _pdf(path: str, version: tuple[int, int]):
+    """The open PDF, per path and version (size, mtime): a replaced file is opened anew."""
+    key = (path, version)
+    document = _open_pdfs.pop(key, None) or open_pdf(Path(path))
+    _open_pdfs[key] = document
     while len(_open_pdfs) > OPEN_PDFS_PER_WORKER:
         _open_pdfs.popitem(last=False)[1].close()
     return document
@@ -137,8 +145,12 @@ def render(job: PageJob) -> RenderedPage:
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         path = Path(job.path)
+        info = path.stat()
+        version = (info.st_size, info.st_mtime_ns)
+        if job.expected is not None and version != tuple(job.expected):
+            return RenderedPage(None, CHANGED)
         if job.kind == PDF:
-            prepared = render_page_of(_pdf(job.path), job.page, job.encoding, job.dpi, job.longest_edge)
+            prepared = render_page_of(_pdf(job.path, version), job.page, job.encoding, job.dpi, job.longest_edge)
         elif job.kind == TIFF:
             check_size(path.stat().st_size, job.max_bytes)
             prepared = tiff_page(path, job.page, job.encoding, job.longest_edge)
