@@ -18,7 +18,7 @@ from ..inputs import InputFile
 from ..tables import aligned
 from .locking import held_locks, holder_of
 from . import identity
-from .manifest import FAILED, MANIFEST, DocumentOutput, read_manifest
+from .manifest import FAILED, MANIFEST, DocumentOutput
 
 COUNTS = ("ok", "flagged", "failed", "stale", "pending")
 
@@ -40,10 +40,11 @@ class DocumentStatus:
 
 
 def document_status(folder: Path, source: Path | None = None,
-                    held: dict[tuple[int, int, int], int] | None = None) -> DocumentStatus:
+                    held: dict[tuple[int, int, int], int] | None = None,
+                    output: DocumentOutput | None = None) -> DocumentStatus:
     """One document's state; `source`: where its input is now (given the corpus), else where it was last
-    seen; `held`: the locks held on this machine (locking.held_locks)."""
-    output = DocumentOutput.load(folder)
+    seen; `held`: the locks held on this machine (locking.held_locks); `output`: its record, if read already."""
+    output = output or DocumentOutput.load(folder)
     if output is None:
         return DocumentStatus(folder, "?", problem="its manifest cannot be read")
     manifest = output.manifest
@@ -95,12 +96,13 @@ def corpus_status(out: Path, inputs: list[InputFile] = ()) -> list[DocumentStatu
     by_relative = {item.relative.as_posix(): item for item in inputs}
     documents, started, held = [], set(), held_locks()
     for path in sorted(out.rglob(MANIFEST)):
-        manifest = read_manifest(path.parent) or {}
+        output = DocumentOutput.load(path.parent)  # read once: for its identity and for its state
+        manifest = output.manifest if output else {}
         relative = identity.relative_of(manifest)
         if relative is None:  # a manifest of an older bundle: by the path it recorded
             relative = next((key for key, item in by_relative.items() if identity.same_document(manifest, item)), None)
         item = by_relative.get(relative) if relative else None
-        documents.append(document_status(path.parent, item.path if item else None, held))
+        documents.append(document_status(path.parent, item.path if item else None, held, output))
         started.add(relative)
     for relative, item in by_relative.items():
         if relative not in started:
