@@ -10,6 +10,7 @@ an opt-in for slow links.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import threading
 import warnings
@@ -42,6 +43,7 @@ class PreparedImage:
     original_height: int
     mime_type: str
     encoded_bytes: int
+    dpi: int | None = None  # a PDF page's rendering resolution (what its pixels are per inch of paper)
 
 
 def is_pdf(data: bytes) -> bool:
@@ -275,7 +277,7 @@ def render_page_of(
         raise InputError(f"Page {page_number} of the PDF cannot be rendered ({exc}).") from exc
     finally:
         page.close()
-    return prepare_pil_image(image, fmt, longest_edge)
+    return dataclasses.replace(prepare_pil_image(image, fmt, longest_edge), dpi=round(scale * 72))
 
 
 def render_pdf_page(

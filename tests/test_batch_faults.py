@@ -386,9 +386,9 @@ def test_case8_stopping_between_attempts_keeps_the_attempt_received(server, tmp_
 
 
 def test_429_and_5xx_are_waited_out_and_retried(server, tmp_path, capsys, monkeypatch):
-    import ocr_bundle.batch.pipeline
+    import ocr_bundle.batch.attempts
 
-    monkeypatch.setattr(ocr_bundle.batch.pipeline, "BACKOFF_S", (0.2, 0.2, 0.2, 0.2))  # seconds, not a minute
+    monkeypatch.setattr(ocr_bundle.batch.attempts, "BACKOFF_S", (0.2, 0.2, 0.2, 0.2))  # seconds, not a minute
     answers = {0: Reply(status=429, retry_after=1.5, error="too many"), 1: Reply(status=503, error="restarting"),
                2: Reply(action="reset"), 3: Reply(action="malformed")}
     server.responder = lambda request: answers.get(request.index, Reply(text="finally"))

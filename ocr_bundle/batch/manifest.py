@@ -47,6 +47,7 @@ from pathlib import Path
 from ..files import atomic_write_bytes, atomic_write_json, atomic_write_text, fsync_folder
 from ..grounding import Block, to_markdown
 from ..inputs import InputFile
+from .attempts import FAILED, FLAGGED, OK
 from .identity import Snapshot, stem_of
 from .locking import DocumentLock
 
@@ -54,8 +55,7 @@ FORMAT = 2  # 1: one basis for the whole document (upgraded on load)
 MANIFEST = "manifest.json"
 JOURNAL = "journal.jsonl"
 # Page statuses. "flagged": converted, but no attempt finished cleanly (cut at max_tokens or
-# ending in a loop); the best attempt is kept. Both count as done when resuming.
-OK, FLAGGED, FAILED = "ok", "flagged", "failed"
+# ending in a loop); the best attempt is kept. Both count as done when resuming (attempts.py names them).
 DONE = (OK, FLAGGED)
 RANK = {OK: 2, FLAGGED: 1, FAILED: 0}  # a page's text is replaced only by a result of at least its rank
 # Kinds of document with numbered pages (the others are one image).

@@ -35,7 +35,6 @@ this module (the run: claim, render, send, record), manifest.py (a document on d
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -45,25 +44,20 @@ from pathlib import Path, PurePosixPath
 
 import requests
 
-from ..client import OcrClient, OcrError, OcrResult, build_chat_request
+from ..client import OcrClient
 from ..draining import Countdown, drain
 from ..files import is_disk_full
 from ..images import InputError
 from ..inputs import pages_in
 from . import identity
-from .attempts import Attempt, PageAbandoned, PageFailed, PageStats, flag_of, is_transient
+from .attempts import PageAbandoned, PageFailed, PageReader, PageStats
 from .grounded import grounded_page
 from .locking import DocumentLock
-from .manifest import FAILED, FLAGGED, OK, PAGED_KINDS, ConversionSettings, DocumentClosed, DocumentOutput
+from .manifest import FAILED, FLAGGED, PAGED_KINDS, ConversionSettings, DocumentClosed, DocumentOutput
 from .options import BatchOptions
 from .render_pool import CountJob, PageJob, RenderedPage, RenderPool
-from .repetition import repeated_tail
 from .scan import Document, pages_left, reason_of
-from .server_watch import UNAVAILABLE, ServerWatch
-from ..grounding import parse
-
-BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
-MAX_RETRY_AFTER_S = 60.0  # a server asking for more than this is waited on in steps of it
+from .server_watch import ServerWatch
 
 
 # ------------------------------------------------------------------ the run
@@ -105,6 +99,8 @@ class BatchConverter:
         self.stopping = threading.Event()
         self.interrupted = False
         self.watch = ServerWatch(client, options.server_wait_s, self.stopping, progress.message)
+        self.reader = PageReader(client, settings.model, settings.max_tokens, settings.grounding, options,
+                                 self.watch, self.stopping)
         self.counts = RunCounts()
         self._lock = threading.Lock()
         prefetch = 2 * options.render_workers
@@ -336,69 +332,8 @@ class BatchConverter:
 
     def _convert(self, rendered: RenderedPage, session: requests.Session,
                  stats: PageStats) -> tuple[str, dict, str]:
-        attempts: list[tuple[Attempt, str]] = []
-        for index, temperature in enumerate(self.options.temperatures()):
-            if index and self.stopping.is_set():
-                break  # stopping: the attempts received are kept (flagged, for --redo-flagged)
-            body = json.dumps(build_chat_request(self.settings.model, rendered.data_url,
-                                                 max_tokens=self.settings.max_tokens, temperature=temperature,
-                                                 top_p=self.options.top_p, stream=False,
-                                                 grounding=self.settings.grounding)).encode()
-            try:
-                result = self._send(body, session, stats)
-            except (PageFailed, PageAbandoned):
-                if not attempts:
-                    raise
-                break  # keep the attempts that did answer
-            problems = (tuple(parse(result.text, cut=result.finish_reason == "length").problems)
-                        if self.settings.grounding else ())
-            attempt = Attempt(temperature, result.finish_reason, result.prompt_tokens, result.completion_tokens,
-                              result.latency_s, repeated_tail(result.text), problems)
-            attempts.append((attempt, result.text))
-            if attempt.clean:
-                break
-        best, text = max(attempts, key=lambda pair: pair[0].quality())
-        flag = flag_of(best, self.settings.max_tokens)
-        record = {
-            "status": FLAGGED if flag else OK, "attempts": len(attempts), "finish_reason": best.finish_reason,
-            "flag": flag, "temperature": best.temperature, "prompt_tokens": best.prompt_tokens,
-            "completion_tokens": best.completion_tokens, "latency_s": round(stats.latency_s, 3),
-            "image_size": _size(rendered), "error": None,
-            "attempt_log": [a.as_dict() for a, _ in attempts] if len(attempts) > 1 or flag else None,
-        }
-        return record["status"], record, text
-
-    def _send(self, body: bytes, session: requests.Session, stats: PageStats) -> OcrResult:
-        """One request, retried through transport errors and waited through a server that is
-        away (refused connections, 502/503/504); PageFailed / PageAbandoned otherwise."""
-        retry = 0  # transport errors so far (an unavailable server does not count)
-        first = True
-        while True:
-            if self.stopping.is_set() and not first:
-                raise PageAbandoned
-            first = False
-            stats.requests += 1
-            try:
-                result = self.client.complete_body(body, self.settings.max_tokens, session=session)
-            except OcrError as exc:
-                if not is_transient(exc):
-                    raise PageFailed(str(exc)) from exc
-                if exc.kind == "http" and exc.status in UNAVAILABLE:
-                    if not self.watch.wait_out_unavailable(exc):
-                        raise PageAbandoned from exc
-                    continue
-                if retry == self.options.max_transport_retries:
-                    raise PageFailed(f"{exc} (gave up after {retry + 1} tries)") from exc
-                if exc.kind == "connection" and not self.watch.wait_until_back():
-                    raise PageAbandoned from exc
-                pause = max(BACKOFF_S[min(retry, len(BACKOFF_S) - 1)], min(exc.retry_after_s or 0, MAX_RETRY_AFTER_S))
-                retry += 1
-                if self.stopping.wait(pause):
-                    raise PageAbandoned from exc
-                continue
-            self.watch.answered()
-            stats.latency_s += result.latency_s
-            return result
+        status, record, text = self.reader.read(rendered.data_url, session, stats)
+        return status, {**record, "image_size": _size(rendered)}, text
 
     def _count(self, document: Document, page: int, status: str, record: dict, stats: PageStats) -> None:
         with self._lock:

@@ -96,6 +96,7 @@ class RenderedPage:
     height: int = 0
     wall_s: float = 0.0  # in the worker: render + encode
     cpu_s: float = 0.0
+    dpi: int | None = None  # a PDF page's rendering resolution
 
 
 Job = CountJob | PageJob
@@ -165,7 +166,7 @@ def render(job: PageJob) -> RenderedPage:
     except Exception as exc:  # a decoder bug on a hostile file must not lose the other pages
         return RenderedPage(None, f"The page could not be prepared ({type(exc).__name__}: {exc}).")
     return RenderedPage(prepared.data_url, None, prepared.width, prepared.height,
-                        time.perf_counter() - wall, time.process_time() - cpu)
+                        time.perf_counter() - wall, time.process_time() - cpu, prepared.dpi)
 
 
 def do_job(job: Job) -> Outcome:
