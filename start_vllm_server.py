@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         attention_choice = attention.choose(args.attention_backend, args.kv_cache_dtype, device, passthrough,
                                             facts, os.environ)
         tuned = tuning.choose(args.compile_encoder, args.kv_cache_dtype, device, passthrough, facts,
-                              attention_choice, os.environ)
+                              attention_choice, os.environ, plan.local)
     except (LaunchError, ScaleOutError, attention.AttentionError, FamilyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

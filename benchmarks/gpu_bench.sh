@@ -10,6 +10,8 @@
 #   bash benchmarks/gpu_bench.sh corpus NAME [batch args]   # ten 300-page PDFs: one converter, then 3 shards at once
 #   bash benchmarks/gpu_bench.sh profile NAME [tokens]       # vLLM's torch profiler over one request
 #   bash benchmarks/gpu_bench.sh hostprofile NAME [stress args]  # py-spy on the engine core and API server, c=1
+#   bash benchmarks/gpu_bench.sh docapi NAME                # a 300-page PDF through the document API (POST /v1/ocr),
+#                                                           # then the stress test with as many pages at its concurrency
 #   bash benchmarks/gpu_bench.sh stop
 # SERVER_PID_FILE points at a server started otherwise (a server lost under load, through the gateway:
 # benchmarks/gateway_bench.sh). Two one-GPU servers side by side (one
@@ -242,6 +244,49 @@ print(f'three shards at once: {total} pages in {shards_s:.0f} s = {total / shard
     done
     grep -E "latency|TTFT" "$OUT/$name-request.txt" | head -n 4
     awk '/^thread MainThread/ {shown = 1} shown' "$OUT/$name-engine-wall-top.txt" | head -n 45   # the busy loop
+    ;;
+  docapi)
+    # The document API (python -m ocr_bundle.api) in front of the running server, as start_optimized.sh runs it:
+    # one 300-page A4 PDF through POST /v1/ocr (1,000 tokens a page at most, one attempt; OCR_API_CONCURRENCY
+    # pages at once, default 256), with the API's CPU (its render workers included), then stress_test.py
+    # with the same pages at the same concurrency, for the ratio.
+    name=${2:?name}
+    pdf=$STATE/a4-300.pdf
+    [[ -f $pdf ]] || python3 scripts/make_pdf.py --pages 300 --out "$pdf"
+    concurrency=${OCR_API_CONCURRENCY:-256}
+    processes stop "$STATE/api.pid" --name ocr-api --grace 10 || true
+    OCR_API_CONCURRENCY=$concurrency OCR_API_MAX_TOKENS=1000 OCR_API_MAX_ATTEMPTS=1 \
+      setsid python3 -m ocr_bundle.api --url "http://127.0.0.1:$PORT" --port 8090 --render-workers 4 \
+      >"$STATE/$name-api.log" 2>&1 </dev/null &
+    processes record "$STATE/api.pid" $!
+    processes wait-ready http://127.0.0.1:8090/health --pid-file "$STATE/api.pid" --timeout 120 --name "document API"
+    python3 benchmarks/server_cpu.py snapshot "$STATE/api.pid" "$STATE/$name-api-before.json"
+    python3 - "$pdf" "$OUT/$name-docapi.json" <<'PY'
+import base64, json, sys, time, urllib.request
+pdf = open(sys.argv[1], "rb").read()
+body = json.dumps({"document": {"type": "document_url",
+                                "document_url": "data:application/pdf;base64," + base64.b64encode(pdf).decode()}}).encode()
+start = time.perf_counter()
+request = urllib.request.Request("http://127.0.0.1:8090/v1/ocr", data=body, headers={"Content-Type": "application/json"})
+answer = json.load(urllib.request.urlopen(request, timeout=3600))
+wall = time.perf_counter() - start
+pages = len(answer["pages"])
+result = {"pages": pages, "seconds": round(wall, 2), "pages_per_s": round(pages / wall, 3),
+          "flagged": sum(1 for page in answer["pages"] if page.get("flag"))}
+json.dump(result, open(sys.argv[2], "w"), indent=1)
+print("document API:", result)
+PY
+    python3 benchmarks/server_cpu.py snapshot "$STATE/api.pid" "$STATE/$name-api-after.json"
+    python3 benchmarks/server_cpu.py diff "$STATE/$name-api-before.json" "$STATE/$name-api-after.json" --pages 300 \
+      | tee "$OUT/$name-docapi-cpu.json"
+    processes stop "$STATE/api.pid" --name ocr-api --grace 10
+    stress_run "$name-stress" --concurrency "$concurrency" --requests 300 --warmup 8 --no-stream >/dev/null 2>&1
+    python3 - "$OUT/$name-docapi.json" "$OUT/$name-stress/results.json" <<'PY'
+import json, sys
+api, stress = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+rate = stress["levels"][-1]["pages_per_s"]
+print(f"document API {api['pages_per_s']:.2f} pages/s; stress test {rate:.2f} pages/s; ratio {api['pages_per_s'] / rate:.3f}")
+PY
     ;;
   stop)
     stop_server

@@ -29,10 +29,25 @@ def test_the_measured_setting_gets_both():
     assert asked.flags == ["--block-size", "128"]
 
 
-def test_the_fp8_profile_with_flashinfer_compiles_the_encoder_and_keeps_vllms_blocks():
+def test_the_fp8_profile_with_flashinfer_compiles_the_encoder_keeps_vllms_blocks_and_runs_four_api_servers():
     tuned = tune(kv="fp8")  # auto picks FlashInfer on Hopper, which takes blocks of at most 64
     assert tuned.env == {COMPILE_ENV: "1"}
-    assert tuned.flags == [] and "not measured with an fp8 KV cache" in tuned.notes[0]
+    assert tuned.flags == ["--api-server-count", "4"] and "not measured with an fp8 KV cache" in tuned.notes[0]
+    assert tuned.notes[-1].startswith("API servers: 4")
+
+
+@pytest.mark.parametrize("spelling", [("--api-server-count", "2"), ("--api_server_count=2",), ("--api-server", "2"),
+                                      ("--api-s=2",)])
+def test_api_servers_set_after_the_separator_win_in_any_spelling(spelling):
+    tuned = tune(kv="fp8", passthrough=spelling)
+    assert "--api-server-count" not in tuned.flags and tuned.notes[-1] == "API servers: as set after --"
+
+
+def test_api_servers_stay_vllms_where_four_were_not_measured():
+    for tuned in (tune(), tune(kv="fp8", facts=NO_FLASHINFER), tune(kv="fp8", facts=A100),
+                  tuning.choose("auto", "fp8", "cuda", (), H200, attention.choose("auto", "fp8", "cuda", (), H200, {}),
+                                {}, engines=2)):
+        assert "--api-server-count" not in tuned.flags
 
 
 @pytest.mark.parametrize("case, why", [
@@ -55,7 +70,7 @@ def test_the_users_own_settings_win():
     assert COMPILE_ENV not in kept.env and f"{COMPILE_ENV}=0, as set in the environment" in kept.notes[1]
     assert tune("off").env == {COMPILE_ENV: "0"} and tune("off").notes[1] == "vision encoder: eager"
     forced = tune("on", kv="fp8")
-    assert forced.env == {COMPILE_ENV: "1"} and forced.flags == []  # the compile only; blocks stay vLLM's
+    assert forced.env == {COMPILE_ENV: "1"} and "--block-size" not in forced.flags  # blocks stay vLLM's
 
 
 def test_the_cpu_backend_is_left_alone():

@@ -69,6 +69,14 @@ def passthrough_sets(passthrough: Sequence[str], *flags: str) -> bool:
     return any(arg.split("=", 1)[0] in flags for arg in passthrough)
 
 
+def passthrough_names(passthrough: Sequence[str], flag: str) -> bool:
+    """Whether the vLLM flags after -- set `flag` in any spelling vLLM's parser takes: underscores for
+    dashes, or a unique prefix (argparse abbreviations: --api-server 2)."""
+    shortest = len(flag.split("-")[2]) + 3  # past the first word: --api-s, not --api (--api-key)
+    return any(len(name) > shortest and flag.startswith(name)
+               for name in (token.partition("=")[0].replace("_", "-") for token in passthrough if token.startswith("--")))
+
+
 def set_in_passthrough(passthrough: Sequence[str]) -> bool:
     """Whether the vLLM flags after -- already choose attention (then they decide)."""
     return (passthrough_sets(passthrough, "--attention-backend", "--attention-config")

@@ -17,6 +17,14 @@ That is inside the run-to-run spread, but with a bf16 cache every compiled run b
 default run of its machine (above), the encoder itself is faster compiled (36.4 -> 31.8 ms per
 page, seventh session), and the build is paid in the warm-up, so the fp8 profile compiles it too.
 
+API servers: with the fp8 profile at concurrency 512 one API server is the host's cap. It spends
+~115 ms of CPU per page there (py-spy: its one preprocessing thread 92% busy, in the Pixtral
+processor's normalize and padding), 1.1 cores at 9.7 pages/s. Four API servers: 10.45 pages/s
+against 9.52-9.88 with one and 9.95 with two (one H200, one server after the other, 2026-12-03;
+docs/benchmarks.md, "API servers per GPU"), ~30 ms each. With a bf16 cache at concurrency 256 they
+change nothing (8.01-8.08 against 7.55-8.03), so only the fp8 profile of one engine gets four;
+several engines keep vLLM's default of one per engine (two measured best at data parallel 2).
+
 Where it was not measured, vLLM's defaults stay:
 - KV blocks with an fp8 KV cache: FlashInfer takes blocks of at most 64 tokens on Hopper; 64
   gave +1.6%, inside the noise.
@@ -39,6 +47,7 @@ from ocr_bundle.serve.vllm_patches import COMPILE_ENV
 
 COMPILE_CHOICES = ("auto", "on", "off")
 BLOCK_SIZE = 128  # tokens per KV-cache block; FlashAttention takes any multiple of 16
+FP8_API_SERVERS = 4  # vLLM API servers for the fp8 profile of one engine
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,7 @@ class Tuning:
 
 def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: Sequence[str],
            facts: attention.GpuFacts, attention_choice: attention.AttentionChoice | None,
-           environ: Mapping[str, str]) -> Tuning:
+           environ: Mapping[str, str], engines: int = 1) -> Tuning:
     if device != "cuda":
         return Tuning()
     # The measured setting: bf16 KV cache, FlashAttention (vLLM's default on Hopper, or asked for).
@@ -84,4 +93,11 @@ def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: 
         if kv_cache_dtype == "fp8" and facts.hopper:
             unmeasured = "not measured with an fp8 KV cache and this attention backend"
         notes.append("vision encoder: eager" + ("" if compile_encoder == "off" else f" (torch.compile {unmeasured})"))
+
+    if attention.passthrough_names(passthrough, "--api-server-count"):
+        notes.append("API servers: as set after --")
+    elif fp8_flashinfer and engines == 1:
+        flags += ["--api-server-count", str(FP8_API_SERVERS)]
+        notes.append(f"API servers: {FP8_API_SERVERS} (the fp8 profile: one API server's image preprocessing caps it; "
+                     "10.45 against 9.5-9.9 pages/s on H200)")
     return Tuning(flags, env, notes)
