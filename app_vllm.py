@@ -5,7 +5,7 @@
     VLLM_API_KEY=s3cret UI_AUTH=alice:pw python app_vllm.py --server-url https://gpu-box:8000 --ca-cert ca.pem
 
 Precedence: flags > environment (VLLM_URL, VLLM_MODEL, VLLM_API_KEY, VLLM_CA_CERT, UI_HOST,
-UI_PORT, UI_MAX_UPLOAD_MB, UI_CONCURRENCY, TLS_CERT, TLS_KEY, TLS_CA) > defaults. The login,
+UI_PORT, UI_MAX_UPLOAD_MB, UI_CONCURRENCY, OCR_API_URL, TLS_CERT, TLS_KEY, TLS_CA) > defaults. The login,
 UI_AUTH=user:password[,user2:password2], comes from the environment only (a flag would show the
 password to every user: ps). With TLS_CERT/TLS_KEY the page serves HTTPS (TLS_CA: the CA that
 signed them) and its login cookie is Secure only; beyond loopback it refuses plain HTTP unless
@@ -26,7 +26,10 @@ from pathlib import Path
 from starlette.middleware import Middleware
 
 from ocr_bundle import exposure, tls
+from ocr_bundle.api.documents import Limits
+from ocr_bundle.api.remote import DocumentApi
 from ocr_bundle.client import OcrClient
+from ocr_bundle.images import MAX_PDF_PAGES_AT_ONCE
 from ocr_bundle.page import PageSettings, build_ui
 from ocr_bundle.page_guard import PageGuard
 from ocr_bundle.settings import (READ_TIMEOUT_S, add_server_arguments, api_key_from_env, env_default,
@@ -49,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest accepted upload in MB (env UI_MAX_UPLOAD_MB; default 50)")
     parser.add_argument("--concurrency", type=int, default=env_default("UI_CONCURRENCY", 16, int),
                         help="requests the page sends to vLLM at once (env UI_CONCURRENCY; default 16)")
+    parser.add_argument("--document-api-url", default=env_default("OCR_API_URL"),
+                        help="the document API (python -m ocr_bundle.api) that reads \"All pages\" of a PDF (env "
+                             "OCR_API_URL; start_optimized.sh sets it; default: none, the page reads them itself, "
+                             f"up to {MAX_PDF_PAGES_AT_ONCE})")
     parser.add_argument("--timeout", type=float, default=READ_TIMEOUT_S,
                         help=f"seconds to wait for one page's answer (default {READ_TIMEOUT_S:g})")
     return parser
@@ -73,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     client = OcrClient(args.url, api_key=api_key, model=args.model, read_timeout=args.timeout, trust=trust)
     max_bytes = int(args.max_upload_mb * 1024 * 1024)
-    page = build_ui(client, PageSettings(max_upload_bytes=max_bytes, concurrency=args.concurrency))
+    document_api = DocumentApi(args.document_api_url, api_key, trust) if args.document_api_url else None
+    page = build_ui(client, PageSettings(max_upload_bytes=max_bytes, concurrency=args.concurrency,
+                                         document_api=document_api, document_api_max_pages=Limits.from_env().max_pages))
     page.queue(default_concurrency_limit=args.concurrency, max_size=256)
     https = {}
     if args.tls_cert:

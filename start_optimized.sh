@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Start the vLLM server and the Gradio page in the background; stop them with ./stop_optimized.sh.
+# Start the vLLM server, the document API and the Gradio page in the background; stop them with
+# ./stop_optimized.sh.
 #
 #   ./start_optimized.sh                      # GPU: lightonai/LightOnOCR-2-1B; no GPU: test checkpoint on CPU
 #   MODEL=/models/LightOnOCR-2-1B HOST=0.0.0.0 VLLM_API_KEY=s3cret UI_AUTH=me:pw ./start_optimized.sh
@@ -22,6 +23,9 @@
 #                  clients with a certificate signed by TLS_CA (the gateway). Beyond loopback plain HTTP
 #                  is refused unless ALLOW_PLAINTEXT=1 (a private network, on purpose)
 #   UI             off (or 0, false, no): start vLLM only, no page (an API-only server; default on)
+#   OCR_API        off (or 0, false, no): no document API (POST /v1/ocr, Mistral-OCR-compatible; default on)
+#   OCR_API_PORT   the document API's port, on HOST (default 8090); its limits and concurrency: python -m
+#                  ocr_bundle.api --help (OCR_API_MAX_PAGES, OCR_API_MAX_MB, OCR_API_CONCURRENCY, OCR_API_FETCH)
 #   PYTHON         interpreter with vLLM (default: python3 if it has vLLM; without a GPU the CPU
 #                  environment from scripts/setup_cpu_env.sh, built on first use)
 #   RUN_DIR        PID files and logs (default ./run). One start or stop at a time per RUN_DIR: a second
@@ -69,11 +73,17 @@ TINY_CHECKPOINT="$ROOT/models/lightonocr-tiny"
 export DATA_PARALLEL_SIZE="${DATA_PARALLEL_SIZE:-auto}"
 ROUTER="${ROUTER:-off}"
 JOIN="${JOIN:-}"
-case "${UI:-on}" in
-  on|1|true|yes) UI=on ;;
-  off|0|false|no) UI=off ;;
-  *) echo "[start] ERROR: UI must be on or off (1/0, true/false, yes/no), not '$UI'; nothing was started" >&2; exit 2 ;;
-esac
+OCR_API_PORT="${OCR_API_PORT:-8090}"
+on_or_off() {  # on_or_off NAME VALUE: on or off, or refuse before anything starts
+  case "$2" in
+    on|1|true|yes) echo on ;;
+    off|0|false|no) echo off ;;
+    *) echo "[start] ERROR: $1 must be on or off (1/0, true/false, yes/no), not '$2'; nothing was started" >&2
+       return 2 ;;
+  esac
+}
+UI=$(on_or_off UI "${UI:-on}") || exit 2
+OCR_API=$(on_or_off OCR_API "${OCR_API:-on}") || exit 2
 # Paths made absolute: the services keep them whatever their working folder.
 for variable in TLS_CERT TLS_KEY TLS_CA; do
   [[ -n "${!variable:-}" ]] && declare "$variable=$(realpath -m -- "${!variable}")"
@@ -96,7 +106,7 @@ role=single
 [[ "$ROUTER" != off ]] && role=head
 if [[ -n "$JOIN" ]]; then
   [[ $role == head ]] && refuse "ROUTER=$ROUTER and JOIN exclude each other: a machine is the head or joins one"
-  role=join UI=off  # a joining machine serves through the head: no page here
+  role=join UI=off OCR_API=off  # a joining machine serves through the head: no page, no document API here
 fi
 has_server=true; [[ "$ROUTER" == only ]] && has_server=false
 # Where this machine's vLLM server listens: on the head, behind the gateway, reachable from here only.
@@ -105,7 +115,7 @@ else SERVER_HOST=$HOST SERVER_PORT=$PORT; fi
 
 # ---- one start at a time per RUN_DIR (held until this script exits), and refuse to start twice
 hold_run_dir start
-for service in vllm ui gateway membership; do
+for service in vllm ui ocr-api gateway membership; do
   if pid=$(service_pid "$service"); then
     die "$service is already running (PID $pid). Stop it first: $(stop_command)"
   fi
@@ -149,6 +159,7 @@ if [[ $role == head ]]; then
 fi
 [[ $has_server == true ]] && checks+=("$SERVER_HOST:$SERVER_PORT:vLLM:$([[ $role == head ]] && echo SERVER_PORT || echo PORT)")
 [[ $UI == off ]] || checks+=("$UI_HOST:$UI_PORT:page:UI_PORT")
+[[ $OCR_API == off ]] || checks+=("$HOST:$OCR_API_PORT:document API:OCR_API_PORT")
 for check in "${checks[@]}"; do
   IFS=: read -r h p what variable <<<"$check"
   if port_in_use "$h" "$p"; then
@@ -217,7 +228,7 @@ on_exit() {
       echo "---- last lines of $RUN_DIR/$name.log ----" >&2
       tail -n 40 "$RUN_DIR/$name.log" >&2 || true
     done
-    for name in ui membership vllm gateway; do
+    for name in ui ocr-api membership vllm gateway; do
       if [[ " ${started[*]} " == *" $name "* ]]; then
         stop_service "$name" >&2 || true
       fi
@@ -310,11 +321,23 @@ MSG
   exit 0
 fi
 
+ocr_api_line="off (OCR_API=off)" ocr_api_local=""
+if [[ $OCR_API != off ]]; then
+  # On HOST, beside the API: the same key and TLS, and the same exposure rules (checked above for HOST).
+  say "starting the document API (POST /v1/ocr) on $HOST:$OCR_API_PORT; log: $RUN_DIR/ocr-api.log"
+  with_env VLLM_URL="$api_local" VLLM_CA_CERT="$TLS_CA" OCR_API_HOST="$HOST" OCR_API_PORT="$OCR_API_PORT" \
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" -- launch ocr-api "$PYTHON" -m ocr_bundle.api
+  ocr_api_local="$scheme://$(local_address "$HOST"):$OCR_API_PORT"
+  wait_ready ocr-api "$ocr_api_local/health" "$UI_TIMEOUT"
+  say "document API is ready (PID $(service_pid ocr-api))"
+  ocr_api_line="$scheme://$(public_address "$HOST"):$OCR_API_PORT/v1/ocr   (Mistral-OCR-compatible; same key)"
+fi
+
 page_line="off (UI=off)"
 if [[ $UI != off ]]; then
   say "starting the page on $UI_HOST:$UI_PORT; log: $RUN_DIR/ui.log"
-  with_env VLLM_URL="$api_local" VLLM_CA_CERT="$TLS_CA" UI_HOST="$UI_HOST" UI_PORT="$UI_PORT" UI_AUTH="$PAGE_AUTH" -- \
-    launch ui "$PYTHON" "$ROOT/app_vllm.py"
+  with_env VLLM_URL="$api_local" VLLM_CA_CERT="$TLS_CA" UI_HOST="$UI_HOST" UI_PORT="$UI_PORT" UI_AUTH="$PAGE_AUTH" \
+    OCR_API_URL="$ocr_api_local" -- launch ui "$PYTHON" "$ROOT/app_vllm.py"
   # Gradio serves /config once the app is up (also behind a login: then it answers 401, still "up").
   wait_ready ui "$scheme://$(local_address "$UI_HOST"):$UI_PORT/config" "$UI_TIMEOUT" 200,401
   say "page is ready (PID $(service_pid ui))"
@@ -344,10 +367,10 @@ if [[ -n "$TLS_CERT" ]]; then
   ca_flag=" --ca-cert $TLS_CA" curl_ca=" --cacert $TLS_CA"
   join_tls=" TLS_CERT=<its cert.pem> TLS_KEY=<its key.pem> TLS_CA=<ca.pem>"
 fi
-logs="$RUN_DIR/vllm.log, $RUN_DIR/ui.log"
+logs="$RUN_DIR/vllm.log, $RUN_DIR/ocr-api.log, $RUN_DIR/ui.log"
 head_lines=""
 if [[ $role == head ]]; then
-  logs="$RUN_DIR/gateway.log, $([[ $has_server == false ]] || echo "$RUN_DIR/vllm.log, $RUN_DIR/membership.log, ")$RUN_DIR/ui.log"
+  logs="$RUN_DIR/gateway.log, $([[ $has_server == false ]] || echo "$RUN_DIR/vllm.log, $RUN_DIR/membership.log, ")$RUN_DIR/ocr-api.log, $RUN_DIR/ui.log"
   head_lines="
   Gateway:   the endpoint above is SMG (it checks the key); servers now: $(with_admin_key membership members --gateway "$api_local" 2>/dev/null || echo '?')
   Join:      on another machine: JOIN=$api HOST=0.0.0.0 VLLM_API_KEY=<this key> ROUTER_ADMIN_KEY=<the admin key>$join_tls ./start_optimized.sh"
@@ -356,6 +379,7 @@ cat <<MSG
 
   Page:      $page_line
   vLLM API:  $api/v1   (model "$served_model"; try: curl$curl_ca$key_header $api/v1/models)$head_lines
+  Documents: $ocr_api_line
   Logs:      $logs
   Stop:      $(stop_command)
 

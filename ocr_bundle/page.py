@@ -18,7 +18,9 @@ import gradio as gr
 from PIL import Image, ImageDraw
 
 from .client import OcrClient, OcrError, OcrResult
-from .grounding import DROPPABLE, parse, to_markdown
+from .api.documents import DEFAULT_MAX_PAGES
+from .api.remote import DocumentApi
+from .grounding import DROPPABLE, SCALE, Block, parse, to_markdown
 from .images import (
     MAX_PDF_PAGES_AT_ONCE,
     MAX_UPLOAD_BYTES,
@@ -46,6 +48,14 @@ PAGE_SEPARATOR = "\n\n---\n\n"
 class PageSettings:
     max_upload_bytes: int = MAX_UPLOAD_BYTES
     concurrency: int = 16  # vLLM batches concurrent requests; the page must not serialize them
+    # "All pages" of a PDF through the document API (ocr_bundle/api), the converter's path; without it,
+    # page by page here, up to MAX_PDF_PAGES_AT_ONCE.
+    document_api: DocumentApi | None = None
+    document_api_max_pages: int = DEFAULT_MAX_PAGES
+
+    @property
+    def max_pages_at_once(self) -> int:
+        return self.document_api_max_pages if self.document_api else MAX_PDF_PAGES_AT_ONCE
 
 
 def user_error(message: object) -> gr.Error:
@@ -62,13 +72,14 @@ def read_upload(path: str | None, max_bytes: int) -> bytes:
     return Path(path).read_bytes()
 
 
-def pages_to_process(data: bytes, page: int, all_pages: bool, max_bytes: int) -> list[int]:
+def pages_to_process(data: bytes, page: int, all_pages: bool, max_bytes: int,
+                     at_once: int = MAX_PDF_PAGES_AT_ONCE) -> list[int]:
     """1-based page numbers to OCR for this upload (images have one page)."""
     if not is_pdf(data):
         return [1]
     count = pdf_page_count(data, max_bytes)
     if all_pages:
-        return list(range(1, min(count, MAX_PDF_PAGES_AT_ONCE) + 1))
+        return list(range(1, min(count, at_once) + 1))
     if not 1 <= page <= count:
         raise InputError(f"Page {page} does not exist: the PDF has {count} page(s).")
     return [page]
@@ -192,11 +203,15 @@ class OcrPage:
         start = time.perf_counter()
         data = self._read(path)
         try:
-            numbers = pages_to_process(data, int(page or 1), bool(all_pages), self.settings.max_upload_bytes)
+            numbers = pages_to_process(data, int(page or 1), bool(all_pages), self.settings.max_upload_bytes,
+                                       self.settings.max_pages_at_once)
         except InputError as exc:
             raise user_error(exc) from exc
         if grounding:
             self._check_grounding()
+        if len(numbers) > 1 and self.settings.document_api is not None:
+            yield from self._extract_document(data, numbers, bool(grounding), frozenset(drop), start)
+            return
         texts: list[str] = []
         shown: list[str] = []
         drawn: list[tuple[Image.Image, str]] = []
@@ -232,6 +247,28 @@ class OcrPage:
             stats += "  \n" + "  \n".join(f"⚠️ grounding: {note} (the raw text is shown)" for note in notes[:5])
         yield PAGE_SEPARATOR.join(shown), PAGE_SEPARATOR.join(texts), stats, drawn or None
 
+    def _extract_document(self, data: bytes, numbers: list[int], grounding: bool, drop: frozenset[str],
+                          start: float) -> Iterator[tuple[str, str, str, list | None]]:
+        """All pages of a PDF through the document API (the converter's render pool, retries and
+        grounding), shown as they come back: the pages read so far, in order, and how many."""
+        done: dict[int, dict] = {}
+        try:
+            for api_page in self.settings.document_api.read(data, [n - 1 for n in numbers], drop, grounding):
+                done[api_page["index"] + 1] = api_page
+                text = PAGE_SEPARATOR.join(done[n]["markdown"] for n in sorted(done))
+                yield text, text, f"Read {len(done)} of {len(numbers)} pages (document API)…", None
+        except OcrError as exc:
+            raise user_error(f"{exc} ({len(done)} of {len(numbers)} pages were read)") from exc
+        text = PAGE_SEPARATOR.join(done[n]["markdown"] for n in numbers)
+        drawn = None
+        if grounding:
+            drawn = [(draw_blocks(decode_data_url(prepare_upload(data, n).data_url), api_blocks(done[n])),
+                      f"page {n}: {len(done[n].get('blocks') or [])} block(s)") for n in numbers]
+        flags = [f"⚠️ page {n}: {done[n]['flag']}" for n in numbers if done[n].get("flag")]
+        stats = "  \n".join([f"**{len(numbers)} page(s)** in **{time.perf_counter() - start:.2f} s** through the "
+                             "document API (its render pool, retries of cut or looping pages)", *flags[:5]])
+        yield text, text, stats, drawn
+
     def _check_grounding(self) -> None:
         status = self.client.status()
         family = status.family(self.client.model())
@@ -244,6 +281,15 @@ class OcrPage:
 BLOCK_COLOURS = {"title": "#d62728", "section": "#ff7f0e", "header": "#7f7f7f", "footer": "#7f7f7f",
                  "page_number": "#7f7f7f", "image": "#2ca02c", "chart": "#2ca02c", "table": "#9467bd",
                  "caption": "#8c564b", "formula": "#e377c2", "code": "#17becf"}
+
+
+def api_blocks(api_page: dict) -> list[Block]:
+    """A document API page's blocks (boxes in its pixels) as the parser's blocks (boxes on the grid)."""
+    width, height = api_page["dimensions"]["width"], api_page["dimensions"]["height"]
+    return [Block(block["type"], (round(block["top_left_x"] * SCALE / width), round(block["top_left_y"] * SCALE / height),
+                                  round(block["bottom_right_x"] * SCALE / width),
+                                  round(block["bottom_right_y"] * SCALE / height)), block["content"])
+            for block in api_page.get("blocks") or []]
 
 
 def draw_blocks(page: Image.Image, blocks: list) -> Image.Image:
@@ -278,7 +324,7 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
                 upload = gr.File(label="Image or PDF", file_types=["image", ".pdf"], type="filepath",
                                  elem_id="upload")
                 page_number = gr.Slider(1, 2, value=1, step=1, label="Page", visible=False, elem_id="page-picker")
-                all_pages = gr.Checkbox(label=f"All pages (up to {MAX_PDF_PAGES_AT_ONCE})", visible=False)
+                all_pages = gr.Checkbox(label=f"All pages (up to {settings.max_pages_at_once:,})", visible=False)
                 preview = gr.Image(label="What the model sees", interactive=False, height=360)
                 with gr.Accordion("Settings", open=False):
                     max_tokens = gr.Slider(16, 8192, value=MAX_OUTPUT_TOKENS, step=16, label="Max output tokens",

@@ -180,6 +180,7 @@ def cluster(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
     head = Node({**common, **machine("head"), "VLLM_CPU_OMP_THREADS_BIND": "0", "RUN_DIR": str(root / "head"),
                  "ROUTER": "on", "UI_AUTH": f"{PAGE_USER}:{PAGE_PASSWORD}",
                  "PORT": str(gateway_port), "SERVER_PORT": str(server_port), "UI_PORT": str(free_port()),
+                 "OCR_API_PORT": str(free_port()),
                  "UI_HOST": "127.0.0.1", "ROUTER_METRICS_PORT": str(metrics_port)}, traces)
     node = Node({**common, **machine("node"), "VLLM_CPU_OMP_THREADS_BIND": "1", "RUN_DIR": str(root / "node"),
                  "PORT": str(node_port), "JOIN": f"https://127.0.0.1:{gateway_port}"}, traces, cpus={1})

@@ -173,3 +173,39 @@ def test_the_page_grounds_a_page_in_a_browser(grounding_page, tmp_path):
             page.screenshot(path=str(ARTIFACTS / "page-grounding.png"), full_page=True)
         finally:
             browser.close()
+
+
+def test_the_document_api_gives_the_picture_as_mistrals_image_with_its_box(grounding_server, tmp_path):
+    """POST /v1/ocr on the README's grounding page: the picture block comes back as an `images` entry
+    whose box is where the model put it and whose base64 is the picture; `drop` leaves the page number out."""
+    import base64
+    import io
+
+    import requests
+
+    page = train_grounding.render_page(train_grounding.example_page())
+    pdf = pictures_pdf([jpeg_of(page, 95)])
+    port = free_port()
+    api = start_process([PYTHON, "-m", "ocr_bundle.api", "--url", grounding_server.url, "--port", str(port),
+                         "--render-workers", "1"], tmp_path / "api.log", f"http://127.0.0.1:{port}",
+                        {"OCR_API_MAX_TOKENS": "200", "OCR_API_TEMPERATURE": "0"})
+    try:
+        wait_until_ready(api, "/health", 60)
+        body = {"document": {"type": "document_url",
+                             "document_url": "data:application/pdf;base64," + base64.b64encode(pdf).decode()},
+                "include_image_base64": True, "include_blocks": True, "drop": ["page_number"]}
+        answer = requests.post(f"{api.url}/v1/ocr", json=body, timeout=300)
+        assert answer.status_code == 200, answer.text
+    finally:
+        stop_group(api)
+    result = answer.json()["pages"][0]
+    [image] = result["images"]
+    box = (image["top_left_x"], image["top_left_y"], image["bottom_right_x"], image["bottom_right_y"])
+    assert grounding.iou(box, (56, 84, 168, 168)) >= 0.9, image  # the picture block, in the page's pixels
+    header, _, data = image["image_base64"].partition(",")
+    crop = Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
+    assert header == "data:image/png;base64" and crop.size == (box[2] - box[0], box[3] - box[1])
+    assert max(ImageStat.Stat(ImageChops.difference(crop, page.crop(box))).mean) < 8  # the same picture
+    assert result["markdown"] == f"# Report\n\nnet 2026\n\n![image]({image['id']})"  # dropped: the page number
+    assert [block["type"] for block in result["blocks"]] == ["title", "text", "image", "page_number"]
+    assert result["dimensions"] == {"dpi": 200, "height": 224, "width": 224}

@@ -30,6 +30,7 @@ def script(name: str, env: dict[str, str], *argv: str, timeout: float = 400) -> 
 @pytest.fixture()
 def lifecycle_env(tmp_path: Path, tiny_checkpoint: Path) -> dict[str, str]:
     return {"RUN_DIR": str(tmp_path / "run"), "PORT": str(free_port()), "UI_PORT": str(free_port()),
+            "OCR_API_PORT": str(free_port()), "OCR_API_MAX_TOKENS": "16",
             "MODEL": str(tiny_checkpoint), "PYTHON": PYTHON, "STOP_GRACE": "20", "VLLM_API_KEY": "", "UI_AUTH": "",
             "HOST": "127.0.0.1", "UI_HOST": "127.0.0.1"}
 
@@ -99,6 +100,15 @@ def test_start_health_page_stop_cycle(lifecycle_env):
         with pytest.raises(gr.Error, match="refused the API key"):
             list(OcrPage(OcrClient(api, api_key="wrong", model="x")).extract(
                 str(sample_path("table_screenshot.png")), max_tokens=2))
+        # The document API beside them: the same key, and a page through it (the README's curl, in Python).
+        documents = f"http://127.0.0.1:{env['OCR_API_PORT']}"
+        assert f"Documents: {documents}/v1/ocr" in started.stdout
+        ocr_api = read_pid_file(run_dir / "ocr-api.pid")
+        assert requests.post(f"{documents}/v1/ocr", json={}, timeout=10).status_code == 401
+        image = {"type": "image_url", "image_url": prepare_image_bytes(sample_path("table_screenshot.png").read_bytes()).data_url}
+        read = requests.post(f"{documents}/v1/ocr", json={"document": image}, timeout=300,
+                             headers={"Authorization": "Bearer test-key-123"})
+        assert read.status_code == 200 and read.json()["pages"][0]["markdown"], read.text
         ui = f"http://127.0.0.1:{env['UI_PORT']}"
         assert requests.get(f"{ui}/config", timeout=10).status_code == 401
         session = requests.Session()
@@ -136,11 +146,11 @@ def test_start_health_page_stop_cycle(lifecycle_env):
     for thread in threads:
         thread.join(timeout=60)
     assert stopped.returncode == 0, stopped.stderr
-    assert "ui: stopped" in stopped.stdout and "vllm: stopped" in stopped.stdout
-    assert not vllm.alive() and not ui_service.alive()
+    assert "ui: stopped" in stopped.stdout and "vllm: stopped" in stopped.stdout and "ocr-api: stopped" in stopped.stdout
+    assert not vllm.alive() and not ui_service.alive() and not ocr_api.alive()
     assert not group_members(vllm_pid) and not group_members(ui_pid)
     assert not (run_dir / "vllm.pid").exists() and not (run_dir / "ui.pid").exists()
-    assert not listening(int(env["PORT"])) and not listening(int(env["UI_PORT"]))
+    assert not any(listening(int(env[port])) for port in ("PORT", "UI_PORT", "OCR_API_PORT"))
     assert len(outcomes) == 3 and set(outcomes) <= {"finished", "connection", "bad_response", "http"}
 
     again = script("stop_optimized.sh", env, timeout=60)

@@ -320,7 +320,8 @@ def test_a_gateway_alone_starts_and_prints_how_to_reach_it(cluster_certs, tmp_pa
     node = cluster_certs / "node1"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TLS_", "VLLM_", "UI_", "ALLOW_"))}
     env.update({"RUN_DIR": str(tmp_path / "run"), "ROUTER": "only", "UI": "off", "PORT": str(port), "PYTHON": PYTHON,
-                "ROUTER_METRICS_PORT": str(free_port()), "VLLM_API_KEY": "client-key", "ROUTER_ADMIN_KEY": "admin-key"})
+                "ROUTER_METRICS_PORT": str(free_port()), "VLLM_API_KEY": "client-key", "ROUTER_ADMIN_KEY": "admin-key",
+                "OCR_API_PORT": str(free_port())})
     if with_tls:
         env.update({"TLS_CERT": str(node / "cert.pem"), "TLS_KEY": str(node / "key.pem"), "TLS_CA": str(node / "ca.pem")})
     scheme = "https" if with_tls else "http"
@@ -334,6 +335,9 @@ def test_a_gateway_alone_starts_and_prints_how_to_reach_it(cluster_certs, tmp_pa
             assert f"curl --cacert {node / 'ca.pem'} " in started.stdout and f"--ca-cert {node / 'ca.pem'}" in started.stdout
             assert "TLS_CERT=<its cert.pem>" in started.stdout
             assert requests.get(f"https://127.0.0.1:{port}/liveness", verify=str(node / "ca.pem"), timeout=10).text == "OK"
+            documents = f"https://127.0.0.1:{env['OCR_API_PORT']}"  # the document API: HTTPS too, keyed
+            assert f"Documents: {documents}/v1/ocr" in started.stdout
+            assert requests.get(f"{documents}/v1/models", verify=str(node / "ca.pem"), timeout=10).status_code == 401
             with pytest.raises(requests.ConnectionError):
                 requests.get(f"http://127.0.0.1:{port}/liveness", timeout=10)
         else:
