@@ -99,7 +99,7 @@ refuse() { echo "[start] ERROR: $*" >&2; exit 2; }  # a setting that cannot work
 if [[ -n "${NODE_RANK:-}${HEAD_ADDRESS:-}" || "${NODES:-1}" != 1 ]]; then
   refuse "NODES/NODE_RANK/HEAD_ADDRESS (headless data-parallel nodes) are gone: each machine now runs its own server \
 behind the head's gateway. Head: ROUTER=on ./start_optimized.sh; every other machine: \
-JOIN=https://HEAD_ADDRESS:PORT HOST=0.0.0.0 VLLM_API_KEY=... ROUTER_ADMIN_KEY=... TLS_CERT=... ./start_optimized.sh (README, Scale)"
+JOIN=https://HEAD_ADDRESS:PORT HOST=0.0.0.0 VLLM_API_KEY=... ROUTER_ADMIN_KEY=... TLS_CERT=... ./start_optimized.sh (docs/cluster.md)"
 fi
 [[ "$ROUTER" =~ ^(on|only|off)$ ]] || refuse "ROUTER must be on, only or off, not '$ROUTER'"
 role=single

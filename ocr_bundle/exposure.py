@@ -187,7 +187,7 @@ def plaintext_problem(service: str, host: str, tls_on: bool, allowed: bool) -> s
         return None
     return (f"refusing to serve {service} on {host} in plain HTTP: its key or login, and every page, would cross "
             f"the network in clear, and anyone on the path who reads the key is let in. Serve it over HTTPS with "
-            f"{tls.CERT_ENV}, {tls.KEY_ENV} and {tls.CA_ENV} ({tls.MAKE_CERTS} makes them; README, TLS), bind it "
+            f"{tls.CERT_ENV}, {tls.KEY_ENV} and {tls.CA_ENV} ({tls.MAKE_CERTS} makes them; docs/cluster.md), bind it "
             f"to 127.0.0.1, or set {tls.PLAINTEXT_ENV}=1 if the network is private on purpose.")
 
 

@@ -120,6 +120,17 @@ class OcrPage:
     def server_status(self) -> str:
         return self.client.status().describe()
 
+    def served_family(self) -> str:
+        """The served model's family ("LightOnOCR-3-1B"), as the status line knows it; the bundle's
+        first model when the server does not answer yet."""
+        status = self.client.status()
+        if not status.reachable or not status.models:
+            return DEFAULT_TITLE_FAMILY
+        return status.family(self.client.model()).name
+
+    def heading(self) -> str:
+        return heading_of(self.served_family())
+
     def sampling_defaults(self):
         """The temperature slider at the served family's value (0.1 for LightOnOCR-3, 0.2 for 2),
         asked when the page opens: the server may have started, or changed, after the page."""
@@ -235,7 +246,7 @@ class OcrPage:
                     parsed = parse(current, cut=done[-1][1].finish_reason == "length")
                     shown.append(to_markdown(parsed.blocks, frozenset(drop)) if parsed.clean else current)
                     drawn.append((draw_blocks(decode_data_url(image.data_url), parsed.blocks),
-                                  f"page {number}: {len(parsed.blocks)} block(s)"))
+                                  block_list(number, parsed.blocks)))
                     notes += [f"page {number}: {problem}" for problem in parsed.problems]
                 else:
                     shown.append(current)
@@ -263,7 +274,7 @@ class OcrPage:
         drawn = None
         if grounding:
             drawn = [(draw_blocks(decode_data_url(prepare_upload(data, n).data_url), api_blocks(done[n])),
-                      f"page {n}: {len(done[n].get('blocks') or [])} block(s)") for n in numbers]
+                      block_list(n, api_blocks(done[n]))) for n in numbers]
         flags = [f"⚠️ page {n}: {done[n]['flag']}" for n in numbers if done[n].get("flag")]
         stats = "  \n".join([f"**{len(numbers)} page(s)** in **{time.perf_counter() - start:.2f} s** through the "
                              "document API (its render pool, retries of cut or looping pages)", *flags[:5]])
@@ -281,6 +292,19 @@ class OcrPage:
 BLOCK_COLOURS = {"title": "#d62728", "section": "#ff7f0e", "header": "#7f7f7f", "footer": "#7f7f7f",
                  "page_number": "#7f7f7f", "image": "#2ca02c", "chart": "#2ca02c", "table": "#9467bd",
                  "caption": "#8c564b", "formula": "#e377c2", "code": "#17becf"}
+
+
+DEFAULT_TITLE_FAMILY = "LightOnOCR-2-1B"
+
+
+def heading_of(family: str) -> str:
+    return f"# {family} on vLLM\nUpload a page image or a PDF; the text streams in as Markdown."
+
+
+def block_list(number: int, blocks: list[Block]) -> str:
+    """The caption under a page's drawn blocks: how many, and each by its number and label."""
+    return f"page {number}: {len(blocks)} block(s): " + ", ".join(
+        f"{index} {block.label}" for index, block in enumerate(blocks, start=1))
 
 
 def api_blocks(api_page: dict) -> list[Block]:
@@ -314,8 +338,9 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
     server_status, on_upload, on_page_change, extract = (
         handlers.server_status, handlers.on_upload, handlers.on_page_change, handlers.extract)
 
-    with gr.Blocks(title="LightOnOCR-2-1B · vLLM") as page:
-        gr.Markdown("# LightOnOCR-2-1B on vLLM\nUpload a page image or a PDF; the text streams in as Markdown.")
+    family = handlers.served_family()  # the page's title names what the server serves (LightOnOCR-3, ...)
+    with gr.Blocks(title=f"{family} · vLLM") as page:
+        heading = gr.Markdown(heading_of(family), elem_id="heading")
         with gr.Row():
             status = gr.Markdown(server_status, elem_id="server-status")
             refresh = gr.Button("Refresh status", size="sm", scale=0)
@@ -351,8 +376,9 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
                         raw = gr.Textbox(lines=24, max_lines=60, buttons=["copy"], label="Markdown",
                                          elem_id="raw")
                     with gr.Tab("Blocks"):
-                        blocks = gr.Gallery(label="Layout blocks (grounding)", columns=1, height=600,
-                                            elem_id="blocks")
+                        # The whole page in view (contain), its block list as the caption below it.
+                        blocks = gr.Gallery(label="Layout blocks (grounding)", columns=1, height=640,
+                                            object_fit="contain", elem_id="blocks")
         # A new file clears the previous result first, so an error never sits next to old text.
         upload.change(lambda: ("", "", "", None), None, [rendered, raw, stats, blocks], queue=False)
         uploaded = upload.change(on_upload, [upload], [page_number, all_pages, preview],
@@ -367,6 +393,7 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
                                        drop], [rendered, raw, stats, blocks], concurrency_limit=settings.concurrency,
                              api_name="extract")
         page.load(handlers.sampling_defaults, None, temperature, queue=False)
+        page.load(handlers.heading, None, heading, queue=False)  # a server restarted with another model
         refresh.click(server_status, None, status)
         gr.Timer(15).tick(server_status, None, status)  # the line follows a server restart
     return page

@@ -1,5 +1,5 @@
 """The gateway's door table (ocr_bundle/serve/smg_doors.json, written by scripts/smg_doors.py from the
-installed SMG): the pinned SMG's, its open routes the ones the bundle explains, the README saying the
+installed SMG): the pinned SMG's, its open routes the ones the bundle explains, docs/cluster.md saying the
 same. The running gateway is tried against it route by route in tests/test_gateway.py."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def test_the_table_is_the_pinned_smgs_and_every_open_route_has_a_reason():
         == "admin"
 
 
-def test_the_readme_names_exactly_the_gateways_open_routes():
-    readme = (ROOT / "README.md").read_text()
+def test_the_cluster_page_names_exactly_the_gateways_open_routes():
+    readme = (ROOT / "docs" / "cluster.md").read_text()  # where the README sends a reader for the doors
     bullet = readme[readme.index("- The doors: on the gateway"):]
     open_part = bullet[bullet.index("Open on the gateway"):bullet.index("On every server")]
     named = {path.replace("{name}", "x") for path in re.findall(r"`(/[a-z0-9_/{}.]+)`", open_part)}

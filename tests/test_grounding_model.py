@@ -168,7 +168,12 @@ def test_the_page_grounds_a_page_in_a_browser(grounding_page, tmp_path):
             assert "![page_number](375,875,625,1000) 12" in raw  # ...not from the reply
             page.get_by_role("tab", name="Blocks").click()
             expect(page.locator("#blocks img").first).to_be_visible(timeout=30_000)
-            expect(page.locator("#blocks")).to_contain_text("page 1: 4 block(s)")
+            expect(page.locator("#blocks")).to_contain_text("page 1: 4 block(s): 1 title, 2 text, 3 image, 4 page_number")
+            # The whole page in view, its bottom (the page-number block) too: the image inside the gallery.
+            shown, frame = page.locator("#blocks img").first.bounding_box(), page.locator("#blocks").bounding_box()
+            assert shown["y"] >= frame["y"] and shown["y"] + shown["height"] <= frame["y"] + frame["height"], (shown, frame)
+            assert page.title() == "LightOnOCR-3-1B · vLLM"  # named after the served family, not a fixed model
+            expect(page.locator("#heading h1")).to_have_text("LightOnOCR-3-1B on vLLM")
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "page-grounding.png"), full_page=True)
         finally:
