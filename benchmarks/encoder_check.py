@@ -65,7 +65,7 @@ def compiled_transformer_timing(tower, page, small, eager_out, repeats: int) -> 
 
     Only the 24 layers are compiled: the sequence lengths the packed patch builds before them
     go through vLLM's `async_tensor_h2d`, whose `pin_memory()` Dynamo cannot trace (compiling
-    the whole tower failed there on vLLM 0.26.0, fifth session). A second image size then
+    the whole tower failed there on vLLM 0.26.0, 2026-11-30 FlashInfer-sampler run). A second image size then
     shows whether a new patch count compiles again (its first call would take seconds).
     """
     import torch

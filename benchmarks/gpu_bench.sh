@@ -23,9 +23,9 @@
 # without it FlashInfer is not importable at all. Its attention is then the launcher's choice
 # (ocr_bundle/serve/attention.py: auto takes it for --kv-cache-dtype fp8 on Hopper), or asked for:
 #   FLASHINFER=1 FLASHINFER_SAMPLER=0 bash benchmarks/gpu_bench.sh serve NAME --attention-backend flashinfer
-# (The sixth session asked through vLLM's own flag after --, and this script then exported the
+# (the 2026-11-30 FlashInfer-attention run asked through vLLM's own flag after --, and this script then exported the
 # XQA gate, VLLM_HAS_FLASHINFER_CUBIN=1, itself; since the seventh the launcher sets it.)
-# serve starts the launcher's defaults: since the eighth session, on an H200 with a bf16 KV cache, the
+# serve starts the launcher's defaults: since the 2026-11-30 compiled-encoder run, on an H200 with a bf16 KV cache, the
 # compiled encoder and 128-token KV blocks (ocr_bundle/serve/tuning.py). vLLM's own defaults, the
 # earlier sessions' baseline: serve NAME --compile-encoder off -- --block-size 16
 # READY_TIMEOUT (seconds, default 540) bounds serve's wait for /health. hostprofile reads PYSPY

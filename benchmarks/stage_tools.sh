@@ -7,7 +7,7 @@
 #   bash benchmarks/stage_tools.sh          # fills .gpu/ptools/{tools,extra}/ (keep /.gpu/ in .git/info/exclude)
 # On the GPU machine: copy .gpu/ptools/* into /root/gpu/, then `bash benchmarks/gpu_bench.sh setup`
 # installs extra/ into /root/site beside vLLM, and py-spy into /root/site-tools, apart from vLLM's /root/site: pip --target does not merge
-# into a bin/ that already exists there, so py-spy's binary would be dropped (seventh session).
+# into a bin/ that already exists there, so py-spy's binary would be dropped (2026-11-30 block-size run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .gpu/ptools

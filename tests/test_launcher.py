@@ -45,7 +45,7 @@ def test_defaults_on_gpu(monkeypatch):
     assert "--no-enable-prefix-caching" in command
     assert flag(command, "--gpu-memory-utilization") == "0.9"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
-    # The sampler that measured faster on an H200 (docs/benchmarks.md, fifth session).
+    # The sampler that measured faster on an H200 (docs/benchmarks.md, 2026-11-30 FlashInfer-sampler run).
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     assert set(env) == {"PYTHONPATH", "VLLM_USE_FLASHINFER_SAMPLER"}
 
@@ -344,7 +344,7 @@ def test_fp8_on_h200_runs_flashinfer_attention_and_says_so(h200_box):
     line = next(text for text in done.stdout.splitlines() if "cuda backend:" in text)
     assert "VLLM_HAS_FLASHINFER_CUBIN=1" in line
     assert flag(vllm_args(done), "--attention-backend") == "FLASHINFER"
-    # The fp8 profile: the compiled encoder (twelfth session), vLLM's own block size.
+    # The fp8 profile: the compiled encoder (2026-12-02 fp8 run), vLLM's own block size.
     assert "--block-size" not in vllm_args(done) and "OCR_BUNDLE_COMPILE_ENCODER=1" in line
     bf16 = dry_run_gpu(h200_box)
     assert "--attention-backend" not in vllm_args(bf16) and "attention: vLLM's default" in bf16.stdout

@@ -1,13 +1,13 @@
 """Which attention kernels the decoder runs: FlashInfer for an fp8 KV cache on Hopper, vLLM's default otherwise.
 
 Measured on two H200 of one host, one server after the other on the same GPU
-(docs/benchmarks.md, sixth session; A4 page, 1,000 tokens):
+(docs/benchmarks.md, 2026-11-30 FlashInfer-attention run; A4 page, 1,000 tokens):
 - fp8 KV cache: FlashInfer 9.10 and 9.19 pages/s at concurrency 512 against 8.17 with
   vLLM's default (FlashAttention 3). On an H100/H200 vLLM decodes there with FlashInfer's XQA
   kernel, which reads the fp8 cache with bf16 queries;
 - bf16 KV cache: FlashInfer lost, 6.37 and 6.47 pages/s at 256 against 7.05, and a lone page
   took 2.53-2.59 s against 2.49 s. So the default keeps vLLM's choice.
-This module's `auto` then ran on an H200 in the seventh session: it read compute capability 9.0
+This module's `auto` then ran on an H200 in the 2026-11-30 block-size run: it read compute capability 9.0
 from nvidia-smi, found FlashInfer and nvcc, set the XQA gate, and vLLM decoded with XQA
 (9.15 and 9.18 pages/s at 512).
 

@@ -321,7 +321,7 @@ def build_command(args: argparse.Namespace, passthrough: list[str], device: str,
         # vllm==0.26.0` installs it. On an H200 that made a lone page 10% slower (3.18 vs 2.88 s
         # per 1,000 tokens, same GPU, one server after the other) with no measurable gain under
         # load, and its kernels are built with nvcc on first use (129 s). docs/benchmarks.md,
-        # fifth session. A value the user set reaches vLLM untouched.
+        # 2026-11-30 FlashInfer-sampler run. A value the user set reaches vLLM untouched.
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     kv_bytes = None
     if args.max_pages_in_flight:

@@ -1,21 +1,21 @@
 """What the launcher adds to vLLM's defaults on a GPU, beyond the attention kernels: the KV
 cache's block size and the vision encoder compiled. Each only where it won.
 
-Measured on H200s with the full checkpoint (docs/benchmarks.md, eighth session; A4 page,
+Measured on H200s with the full checkpoint (docs/benchmarks.md, 2026-11-30 compiled-encoder run; A4 page,
 1,000 tokens, concurrency 256, bf16 KV cache with FlashAttention 3). 128-token KV blocks
 together with the encoder's transformer stack under torch.compile, against vLLM's defaults,
 one server after the other on the same GPU, in both orders: 7.58 against 7.25 and 7.83
 against 7.31 pages/s (+4% and +7%). On two more machines, servers side by side on their two
 GPUs: 7.09-7.69 against 6.84-6.91, and 7.26-7.38 against 7.14-7.22. Every such run beat
 every default run of its machine. Alone, 128-token blocks had given +3.3%, inside the noise
-(seventh session).
+(2026-11-30 block-size run).
 
 With an fp8 KV cache and FlashInfer (the launcher's fp8 choice on Hopper, ocr_bundle.serve.attention),
 the compiled encoder alone: 9.61 against 9.42 pages/s at concurrency 512 (+2.0%, one H200, one
-server after the other with vLLM 0.26.0's run in between; docs/benchmarks.md, twelfth session).
+server after the other with vLLM 0.26.0's run in between; docs/benchmarks.md, 2026-12-02 fp8 run).
 That is inside the run-to-run spread, but with a bf16 cache every compiled run beat every
 default run of its machine (above), the encoder itself is faster compiled (36.4 -> 31.8 ms per
-page, seventh session), and the build is paid in the warm-up, so the fp8 profile compiles it too.
+page, 2026-11-30 block-size run), and the build is paid in the warm-up, so the fp8 profile compiles it too.
 
 API servers: with the fp8 profile at concurrency 512 one API server is the host's cap. It spends
 ~115 ms of CPU per page there (py-spy: its one preprocessing thread 92% busy, in the Pixtral

@@ -138,7 +138,7 @@ def give_flash_attn_fake_the_kernels_layout() -> str:
     """vLLM 0.26's fake (meta) kernel of `vllm::flash_attn_maxseqlen_wrapper` returns
     `empty_like(q)`, with q's strides, but the real kernel returns a contiguous tensor.
     Inductor asserts the fake's layout at run time ("expected size 8580==8580, stride
-    1024==64 at dim=1", docs/benchmarks.md, sixth session), so nothing that calls it compiles.
+    1024==64 at dim=1", docs/benchmarks.md, 2026-11-30 FlashInfer-attention run), so nothing that calls it compiles.
     This registers the real kernel's layout, in this process (vLLM fixed its fake later:
     0.32 returns `empty_like(q, memory_format=torch.contiguous_format)`)."""
     import torch
