@@ -321,6 +321,20 @@ def row(phase: str, converters: list[Converter]) -> dict:
             "exits": [c.process.returncode for c in converters], "summaries": {c.name: c.summary for c in converters}}
 
 
+def phase(report: dict, name: str, converters: list[Converter], events: list[tuple[float, object]] = ()) -> None:
+    """Run `converters` to the end (and the events on time), then add the phase's row to the report."""
+    watch(converters, events)
+    report["phases"].append(row(name, converters))
+    print(f"[bench] {report['phases'][-1]}", flush=True)
+
+
+def verdict(report: dict, corpus: Corpus, out: Path) -> dict:
+    """--status from the other mount, and every page's text once in its document's .md."""
+    report["status_from_mount_b"] = status(corpus, out)
+    report["check"] = check_every_page_once(corpus, out)
+    return report
+
+
 def run(args: argparse.Namespace) -> dict:
     work, n = args.work, args.converters
     start = time.monotonic()
@@ -340,27 +354,19 @@ def run(args: argparse.Namespace) -> dict:
         events = [(args.kill_after * 0.6, lambda: replace_document(corpus)),
                   (args.kill_after, lambda: cluster.server_groups[0].send_signal(signal.SIGKILL)),
                   (args.kill_after * 1.2, lambda: [c.process.send_signal(signal.SIGKILL) for c in killed])]
-        watch(first, events)
-        report["phases"].append(row("all shards at once (2 converters and 1/4 of the servers SIGKILLed)", first))
-        print(f"[bench] {report['phases'][-1]}", flush=True)
+        phase(report, "all shards at once (2 converters and 1/4 of the servers SIGKILLed)", first, events)
         again = [converter(corpus, out, cluster.gateway_url, c.name.split()[0], "mount B" in c.name,
                            args.concurrency) for c in killed]
-        watch(again)
-        report["phases"].append(row("the two killed shards again", again))
-        print(f"[bench] {report['phases'][-1]}", flush=True)
+        phase(report, "the two killed shards again", again)
         converting_s = report["phases"][0]["seconds"] + report["phases"][1]["seconds"]
         report["every_page_converted"] = {"seconds": round(converting_s, 1),
                                           "pages_per_s": round(corpus.pages / converting_s, 1)}
         rerun = [converter(corpus, out, cluster.gateway_url, shard, k % 2 == 0, args.concurrency)
                  for k, shard in enumerate(shards)]
-        watch(rerun)
-        report["phases"].append(row("every shard again, the other mount each (no-op but the replaced file)", rerun))
-        print(f"[bench] {report['phases'][-1]}", flush=True)
+        phase(report, "every shard again, the other mount each (no-op but the replaced file)", rerun)
     finally:
         cluster.stop()
-    report["status_from_mount_b"] = status(corpus, out)
-    report["check"] = check_every_page_once(corpus, out)
-    return report
+    return verdict(report, corpus, out)
 
 
 def noop(args: argparse.Namespace) -> dict:
@@ -373,17 +379,12 @@ def noop(args: argparse.Namespace) -> dict:
     try:
         shards = [converter(corpus, out, cluster.gateway_url, f"{k}/{args.converters}", False, args.concurrency)
                   for k in range(1, args.converters + 1)]
-        watch(shards)
-        report["phases"].append(row("first run, every shard at once", shards))
+        phase(report, "first run, every shard at once", shards)
         one = [converter(corpus, out, cluster.gateway_url, None, False, args.concurrency)]
-        watch(one)
-        report["phases"].append(row("no-op rerun, one converter over the whole corpus", one))
-        print(f"[bench] {report['phases'][-1]}", flush=True)
+        phase(report, "no-op rerun, one converter over the whole corpus", one)
     finally:
         cluster.stop()
-    report["status_from_mount_b"] = status(corpus, out)
-    report["check"] = check_every_page_once(corpus, out)
-    return report
+    return verdict(report, corpus, out)
 
 
 def main() -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from helpers import PYTHON, ROOT, Started
 
 from ocr_bundle.serve.processes import write_pid_file
@@ -113,3 +115,19 @@ def test_rounds_run_in_order_with_their_variables_and_wait_for_a_version_still_b
         "second: started", "second: done: concurrency 1: bf16 second " + f"{sites}/site-0.32.0 -- --compilation-config "
         '{"compile_mm_encoder":true} ']
     assert (tmp_path / "out" / "rounds.tgz").stat().st_size > 0
+
+
+@pytest.mark.slow  # SMG and a few hundred pages: ~20 s on 2 cores
+def test_the_corpus_benchmark_finds_every_page_once_through_kills_links_and_another_mount(tmp_path: Path) -> None:
+    """benchmarks/corpus_bench.py at a small size: its own check (every page's text once in its .md, the
+    output holding no other document) and --status from the other mount must both pass."""
+    import json
+
+    done = subprocess.run([PYTHON, str(ROOT / "benchmarks" / "corpus_bench.py"), "--work", str(tmp_path / "bench"),
+                           "--docs", "120", "--pages", "3", "--servers", "4", "--server-groups", "2",
+                           "--converters", "4", "--kill-after", "2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "bench" / "report.json").read_text())
+    assert report["check"]["every_page_once"] and report["check"]["documents"] == 161
+    assert report["status_from_mount_b"]["verdict"].startswith("complete: every page of the 161 document(s)")
+    assert [phase["exits"] for phase in report["phases"]][1:] == [[0, 0], [0, 0, 0, 0]]
