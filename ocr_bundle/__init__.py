@@ -1,4 +1,4 @@
-"""Shared code of the LightOnOCR-2-1B serving bundle, grouped by where it runs.
+"""Shared code of the LightOnOCR serving bundle, grouped by where it runs.
 
 The entry scripts beside this folder only parse arguments and print; the logic is here.
 
@@ -35,6 +35,9 @@ loadtest/ the stress test: threaded replay and metrics, GPU and /metrics pollers
 batch/    the batch converter: command line, options, scan, a document's identity, a page's
           attempts, the server watch, the run (pipeline), render processes, resumable output
           (page journal, manifest), document locks, loop detection, run summary, --status
+api/      the document API (python -m ocr_bundle.api): Mistral-OCR-compatible POST /v1/ocr on the
+          converter's parts; the request and its refusals, fair slots across requests, the routes and
+          their key, and the page's client of it
 quality/  the quality check: olmOCR-Bench folders, conversion through the batch converter, olmocr's
           scorer, the serving profile a run records, paired comparison, reports
 """

@@ -378,7 +378,7 @@ def build_ui(client: OcrClient, settings: PageSettings = PageSettings()) -> gr.B
                     with gr.Tab("Blocks"):
                         # The whole page in view (contain), its block list as the caption below it.
                         blocks = gr.Gallery(label="Layout blocks (grounding)", columns=1, height=640,
-                                            object_fit="contain", elem_id="blocks")
+                                            object_fit="contain", preview=True, elem_id="blocks")
         # A new file clears the previous result first, so an error never sits next to old text.
         upload.change(lambda: ("", "", "", None), None, [rendered, raw, stats, blocks], queue=False)
         uploaded = upload.change(on_upload, [upload], [page_number, all_pages, preview],
