@@ -315,3 +315,17 @@ def test_the_page_reads_all_pages_of_a_pdf_through_the_document_api(reader_serve
     text, _, stats, _ = updates[-1]
     assert [part.strip() for part in text.split(PAGE_SEPARATOR)] == ["page 1", "page 2", "page 3"]
     assert "through the document API" in stats
+
+
+def test_beyond_loopback_it_refuses_to_start_without_a_key_or_https(tmp_path):
+    """The start script's exposure rules, in the API itself: refused before it listens (exit 2)."""
+    import subprocess
+
+    for env, says in (({"VLLM_API_KEY": ""}, "refusing to serve the document API on 0.0.0.0 without an API key"),
+                      ({"VLLM_API_KEY": KEY}, "HTTPS")):
+        done = subprocess.run([PYTHON, "-m", "ocr_bundle.api", "--host", "0.0.0.0", "--port", str(free_port())],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "ALLOW_OPEN_API": "", "ALLOW_PLAINTEXT": "", "TLS_CERT": "",
+                                   "TLS_KEY": "", "TLS_CA": "", **env})
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+        assert KEY not in done.stdout + done.stderr
