@@ -160,6 +160,17 @@ fi
 [[ $has_server == true ]] && checks+=("$SERVER_HOST:$SERVER_PORT:vLLM:$([[ $role == head ]] && echo SERVER_PORT || echo PORT)")
 [[ $UI == off ]] || checks+=("$UI_HOST:$UI_PORT:page:UI_PORT")
 [[ $OCR_API == off ]] || checks+=("$HOST:$OCR_API_PORT:document API:OCR_API_PORT")
+# Two of this script's own services given one port (OCR_API_PORT=8001 beside a head's server on PORT+1)
+# would only collide once both start: refused now, before anything starts.
+for check in "${checks[@]}"; do
+  IFS=: read -r h p what variable <<<"$check"
+  for other in "${checks[@]}"; do
+    IFS=: read -r h2 p2 what2 variable2 <<<"$other"
+    [[ $variable2 != "$variable" && $p2 == "$p" ]] || continue
+    [[ $h == "$h2" || $h == 0.0.0.0 || $h2 == 0.0.0.0 || $h == :: || $h2 == :: ]] || continue
+    refuse "port $p is set for both $what ($variable) and $what2 ($variable2): give one of them another port"
+  done
+done
 for check in "${checks[@]}"; do
   IFS=: read -r h p what variable <<<"$check"
   if port_in_use "$h" "$p"; then

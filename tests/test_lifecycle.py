@@ -287,6 +287,16 @@ def test_settings_that_cannot_work_are_refused_before_anything_starts(lifecycle_
     """UI must say on or off; the gateway's metrics port is checked with the others."""
     done = script("start_optimized.sh", {**lifecycle_env, "UI": "maybe"}, timeout=60)
     assert done.returncode == 2 and "UI must be on or off" in done.stderr
+    done = script("start_optimized.sh", {**lifecycle_env, "OCR_API": "perhaps"}, timeout=60)
+    assert done.returncode == 2 and "OCR_API must be on or off" in done.stderr
+    # The head's own server listens on PORT+1: the document API may not be given that port too.
+    server_port = int(lifecycle_env["PORT"]) + 1
+    clash = {**lifecycle_env, "ROUTER": "on", "ROUTER_ADMIN_KEY": "admin-key", "ROUTER_METRICS_PORT": str(free_port()),
+             "OCR_API_PORT": str(server_port)}
+    done = script("start_optimized.sh", clash, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"port {server_port} is set for both vLLM (SERVER_PORT) and document API (OCR_API_PORT)" in done.stderr
+    assert not list(Path(clash["RUN_DIR"]).glob("*.pid"))
     metrics_port = free_port()
     head = {**lifecycle_env, "ROUTER": "on", "ROUTER_ADMIN_KEY": "admin-key", "ROUTER_METRICS_PORT": str(metrics_port)}
     with socket.socket() as squatter:
