@@ -27,7 +27,7 @@
 # XQA gate, VLLM_HAS_FLASHINFER_CUBIN=1, itself; since the seventh the launcher sets it.)
 # serve starts the launcher's defaults: since the 2026-11-30 compiled-encoder run, on an H200 with a bf16 KV cache, the
 # compiled encoder and 128-token KV blocks (ocr_bundle/serve/tuning.py). vLLM's own defaults, the
-# earlier sessions' baseline: serve NAME --compile-encoder off -- --block-size 16
+# earlier runs' baseline: serve NAME --compile-encoder off -- --block-size 16
 # READY_TIMEOUT (seconds, default 540) bounds serve's wait for /health. hostprofile reads PYSPY
 # (default /root/site-tools/bin/py-spy, staged by benchmarks/stage_tools.sh), REQUESTS (8),
 # PROFILE_DELAY (6 s after the client starts) and PROFILE_S (10 s of recording).
@@ -216,8 +216,8 @@ print(f'three shards at once: {total} pages in {shards_s:.0f} s = {total / shard
     head -n 30 "$OUT/$name-profile.txt" || true
     ;;
   hostprofile)
-    # py-spy over lone streamed pages: where the host's time per decode step goes (the fourth
-    # session's torch profile: of each ~2.7 ms step, the GPU kernels take ~1.6 ms). Recordings
+    # py-spy over lone streamed pages: where the host's time per decode step goes (the 2026-11-30
+    # roofline run's torch profile: of each ~2.7 ms step, the GPU kernels take ~1.6 ms). Recordings
     # of one stretch: the engine core's CPU and its wall time (--idle: also where it waits, on
     # the GPU or a queue), the same for a worker process where vLLM runs the model in one (its
     # multiprocessing executor), and the API server's CPU; benchmarks/stack_top.py sums them.
