@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from ..serve.route_keys import KeyEveryRoute
 from .documents import ApiError, OcrRequest, read_request
 from .service import DocumentService
 
@@ -28,31 +28,13 @@ DISCONNECT_POLL_S = 0.25
 
 def error_response(error: ApiError) -> JSONResponse:
     headers = {"Retry-After": f"{error.retry_after_s:g}"} if error.retry_after_s else {}
-    return JSONResponse({"object": "error", "message": error.message, "type": error.code, "code": error.status},
-                        status_code=error.status, headers=headers)
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
-def has_key(authorization: str | None, key: str) -> bool:
-    scheme, _, given = (authorization or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
-
-
-class KeyRequired:
-    """Every path but /health, known or not, needs the key. Plain ASGI (not Starlette's
-    BaseHTTPMiddleware, which hides a client's disconnect from the route behind it)."""
-
-    def __init__(self, app, key: str):
-        self.app, self.key = app, key
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] != "/health":
-            authorization = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            if not has_key(authorization, self.key):
-                response = error_response(ApiError(401, "a valid API key is required (Authorization: Bearer <key>)",
-                                                   "unauthorized"))
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+# Every path but /health, known or not, needs the key: the vLLM server's own middleware (plain ASGI, so a
+# client's disconnect still reaches the route), with this API's error shape.
+KEY_REFUSED = json.dumps(ApiError(401, "a valid API key is required (Authorization: Bearer <key>)",
+                                  "unauthorized").body()).encode()
 
 
 def build_app(service: DocumentService, key: str | None, max_requests: int = 256) -> FastAPI:
@@ -75,7 +57,7 @@ def build_app(service: DocumentService, key: str | None, max_requests: int = 256
           registry=registry).set_function(lambda: service.pages_sent)
 
     if key:
-        app.add_middleware(KeyRequired, key=key)
+        app.add_middleware(KeyEveryRoute, key=key, open_paths=frozenset({"/health"}), refusal=KEY_REFUSED)
 
     @app.get("/health")
     async def health():
@@ -130,8 +112,7 @@ def build_app(service: DocumentService, key: str | None, max_requests: int = 256
                 result = work.result()
             except ApiError as error:
                 requests_total.labels(str(error.status)).inc()
-                yield json.dumps({"object": "error", "message": error.message, "type": error.code,
-                                  "code": error.status}) + "\n"
+                yield json.dumps(error.body()) + "\n"
                 return
             requests_total.labels("200").inc()
             yield json.dumps({"model": result["model"], "usage_info": result["usage_info"]}) + "\n"
@@ -141,13 +122,13 @@ def build_app(service: DocumentService, key: str | None, max_requests: int = 256
 
     async def _request(request: Request) -> OcrRequest:
         limit = service.limits.max_bytes * 4 // 3 + 64 * 1024  # base64 and the JSON around it
+        too_large = ApiError(413, f"the request is over {service.limits.max_bytes / 10**6:g} MB of document "
+                                  "(OCR_API_MAX_MB)", "too_large")
         if int(request.headers.get("content-length") or 0) > limit:
-            raise ApiError(413, f"the request is over {service.limits.max_bytes / 10**6:g} MB of document "
-                                "(OCR_API_MAX_MB)", "too_large")
+            raise too_large  # said before the body is read
         raw = await request.body()
         if len(raw) > limit:
-            raise ApiError(413, f"the request is over {service.limits.max_bytes / 10**6:g} MB of document "
-                                "(OCR_API_MAX_MB)", "too_large")
+            raise too_large
         try:
             body = json.loads(raw)
         except ValueError as exc:

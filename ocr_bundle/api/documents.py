@@ -39,6 +39,10 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.code, self.retry_after_s = status, message, code, retry_after_s
 
+    def body(self) -> dict:
+        """The API's error object (a response's body, or a streamed line)."""
+        return {"object": "error", "message": self.message, "type": self.code, "code": self.status}
+
 
 @dataclass(frozen=True)
 class Limits:

@@ -35,6 +35,11 @@ SERVER_AWAY_RETRY_S = 10  # Retry-After when the OCR server is away
 DEFAULT_SERVER_WAIT_S = 10.0  # how long a request waits out a server that is away before answering 503
 
 
+def client_gone() -> ApiError:
+    """What a page not sent because its client disconnected ends with (nobody reads it: 499, as nginx says)."""
+    return ApiError(499, "the client went away", "cancelled")
+
+
 @dataclass
 class DocumentService:
     client: OcrClient
@@ -95,7 +100,7 @@ class DocumentService:
     def _page(self, owner: object, reader: PageReader, path: str, kind: str, index: int, request: OcrRequest,
               grounding: bool, cancelled: threading.Event) -> dict:
         if not self.slots.acquire(owner, cancelled):
-            raise ApiError(499, "the client went away", "cancelled")
+            raise client_gone()
         try:
             rendered = self.pool.result(self.pool.submit(PageJob(path, index + 1, kind, "PNG", PDF_RENDER_DPI,
                                                                  TARGET_LONGEST_EDGE, self.limits.max_bytes)))
@@ -110,7 +115,7 @@ class DocumentService:
                 status, record, text = reader.read(rendered.data_url, session, PageStats())
             except PageAbandoned as exc:
                 if cancelled.is_set():
-                    raise ApiError(499, "the client went away", "cancelled") from exc
+                    raise client_gone() from exc
                 raise ApiError(503, "the OCR server went away while reading the document", "server_unavailable",
                                SERVER_AWAY_RETRY_S) from exc
             except PageFailed as exc:

@@ -41,10 +41,12 @@ class KeyEveryRoute:
     """Pure ASGI middleware: HTTP and WebSocket requests need `Authorization: Bearer <key>`
     unless their path is in OPEN_PATHS. OPTIONS is not exempt: no browser calls this API."""
 
-    def __init__(self, app, key: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
+    def __init__(self, app, key: str, open_paths: frozenset[str] = OPEN_PATHS, refusal: bytes = UNAUTHORIZED) -> None:
+        """`refusal`: the JSON body of a 401 (the document API answers in its own error shape)."""
         self.app = app
         self.key_digest = hashlib.sha256(key.encode()).digest()
         self.open_paths = open_paths
+        self.refusal = refusal
 
     def allowed(self, headers: list[tuple[bytes, bytes]]) -> bool:
         value = next((v for k, v in headers if k.lower() == b"authorization"), b"").decode("latin-1")
@@ -63,7 +65,7 @@ class KeyEveryRoute:
             await send({"type": "http.response.start", "status": 401,
                         "headers": [(b"content-type", b"application/json"),
                                     (b"www-authenticate", b"Bearer")]})
-            await send({"type": "http.response.body", "body": UNAUTHORIZED})
+            await send({"type": "http.response.body", "body": self.refusal})
 
 
 def keyed_serve_http(serve_http, key: str):
