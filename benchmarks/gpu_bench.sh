@@ -59,14 +59,9 @@ stop_server() { processes stop "$SERVER_PID_FILE" --name vllm --grace 30; }
 # stress_run NAME ARGS...: stress_test.py on the A4 sample, 1,000 tokens forced, with the server's CPU by role.
 stress_run() {
   local name=$1; shift
-  python3 benchmarks/server_cpu.py snapshot "$SERVER_PID_FILE" "$STATE/$name-cpu-before.json"
-  python3 stress_test.py --url "http://127.0.0.1:$PORT" --images samples/english_a4_document.png \
+  python3 benchmarks/server_cpu.py around "$SERVER_PID_FILE" "$STATE/reports/$name" -- \
+    python3 stress_test.py --url "http://127.0.0.1:$PORT" --images samples/english_a4_document.png \
     --ignore-eos --max-tokens 1000 --out "$STATE/reports/$name" --label "$name" "$@" || true
-  python3 benchmarks/server_cpu.py snapshot "$SERVER_PID_FILE" "$STATE/$name-cpu-after.json"
-  pages=$(python3 -c "import json,sys; print(sum(l['ok'] for l in json.load(open(sys.argv[1]))['levels']))" \
-          "$STATE/reports/$name/results.json" 2>/dev/null || echo 0)
-  python3 benchmarks/server_cpu.py diff "$STATE/$name-cpu-before.json" "$STATE/$name-cpu-after.json" \
-    --pages "$pages" >"$STATE/reports/$name/server-cpu.json" || true
   cp -r "$STATE/reports/$name" "$OUT/"
 }
 
@@ -132,7 +127,6 @@ case "${1:?phase}" in
   stress)
     name=${2:?name}; shift 2
     stress_run "$name" "$@"
-    cat "$OUT/$name/server-cpu.json" || true
     # vLLM's own throughput log lines (prompt vs generation tokens/s) tell what limited each level;
     # the bundle's lines say what its patch did once pages arrived (a compiled encoder compiles then).
     server_log=$(cat "$SERVER_LOG_NOTE")

@@ -6,6 +6,11 @@
     python3 benchmarks/server_cpu.py snapshot /root/bench/server.pid after.json
     python3 benchmarks/server_cpu.py diff before.json after.json --pages 768
     python3 benchmarks/server_cpu.py pids /root/bench/server.pid --role VLLM::EngineCore
+    python3 benchmarks/server_cpu.py around /root/bench/server.pid REPORT_DIR -- python3 stress_test.py --out REPORT_DIR ...
+
+`around` is the three steps in one: snapshot, the command (a stress run writing REPORT_DIR/results.json),
+snapshot, then the difference over the pages it read into REPORT_DIR/server-cpu.json; it exits with
+the command's status.
 
 vLLM names its processes (setproctitle): the API servers, the engine cores (one per data
 parallel replica), the DP coordinator. Their CPU seconds per page say which one would
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -64,6 +70,24 @@ def diff(before: dict, after: dict, pages: int) -> dict[str, dict]:
     return dict(sorted(by_role.items()))
 
 
+def pages_read(report_dir: Path) -> int:
+    """The pages a stress run read (every level's ok), from its results.json; 0 if it wrote none."""
+    try:
+        return sum(level["ok"] for level in json.loads((report_dir / "results.json").read_text())["levels"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def around(pid_file: Path, report_dir: Path, command: list[str]) -> int:
+    before = snapshot(pid_file)
+    status = subprocess.run(command, check=False).returncode
+    result = diff(before, snapshot(pid_file), pages_read(report_dir))
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "server-cpu.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return status
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -77,7 +101,16 @@ def main() -> None:
     pids = commands.add_parser("pids", help="the PIDs of the server's processes of one role, one per line")
     pids.add_argument("pid_file", type=Path)
     pids.add_argument("--role", required=True, help="the role or its start, e.g. VLLM::EngineCore, VLLM::Worker")
+    wrap = commands.add_parser("around", help="CPU by role over one command (a stress run), per page it read")
+    wrap.add_argument("pid_file", type=Path)
+    wrap.add_argument("report_dir", type=Path, help="where the command writes results.json; server-cpu.json goes there")
+    wrap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command")
     args = parser.parse_args()
+    if args.command == "around":
+        command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not command:
+            parser.error("around needs a command after --")
+        sys.exit(around(args.pid_file, args.report_dir, command))
     if args.command == "pids":
         service = read_pid_file(args.pid_file)
         members = service.members() if service else []

@@ -16,7 +16,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 STATE=${STATE:-/root/bench}
 OUT=${OUT:-$STATE/out}
 kind=${1:?bf16 or fp8}; name=${2:?name}; site=${3:?site}; shift 3
-export PYTHONPATH=$site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHON=python3 UI=off RUN_DIR=$STATE/run-$name
+export PYTHONPATH=$site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHON=python3 UI=off OCR_API=off RUN_DIR=$STATE/run-$name
 if [[ ${FLASHINFER:-0} == 1 ]]; then
   export PYTHONPATH=$site:/root/site-flashinfer PATH=/root/site-flashinfer/bin:$PATH
   [[ -n ${CUDA_HOME:-} || ! -d /usr/local/cuda ]] || export CUDA_HOME=/usr/local/cuda
@@ -26,10 +26,11 @@ export MODEL=${MODEL_DIR:-/root/models/lightonocr-full} STARTUP_TIMEOUT=${STARTU
 mkdir -p "$OUT" "$STATE/reports"
 cd "$ROOT"
 
-stress() {  # stress LABEL ARGS...
+stress() {  # stress LABEL ARGS...: the report, with the server's CPU by role per page (server-cpu.json)
   local label=$name-$1; shift
-  python3 stress_test.py --images samples/english_a4_document.png --ignore-eos --max-tokens 1000 --no-stream \
-    --quiet --out "$STATE/reports/$label" --label "$label" "$@" | grep -E "^concurrency|GPU" | head -n 4 || true
+  python3 benchmarks/server_cpu.py around "$RUN_DIR/vllm.pid" "$STATE/reports/$label" -- \
+    python3 stress_test.py --images samples/english_a4_document.png --ignore-eos --max-tokens 1000 --no-stream \
+    --quiet --out "$STATE/reports/$label" --label "$label" "$@" | grep -E "^concurrency|GPU|cpu_ms_per_page|VLLM" || true
   cp -r "$STATE/reports/$label" "$OUT/"
 }
 

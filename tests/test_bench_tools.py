@@ -1,9 +1,10 @@
 """The GPU driver's helpers that run on any machine: py-spy stack summaries (benchmarks/stack_top.py)
-and finding a server's processes by role (benchmarks/server_cpu.py pids), the second against the
-session's real vLLM server."""
+and a server's processes by role (benchmarks/server_cpu.py pids, and its CPU over a command: around),
+against the session's real vLLM server."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -68,6 +69,33 @@ def test_server_cpu_finds_the_engine_core_of_a_real_server(vllm_server: Started,
     assert engines[0] != vllm_server.service.pid  # the engine core is a child, not the API server
     missing = pids("VLLM::NoSuchRole")
     assert missing.returncode == 1 and missing.stdout.strip() == ""
+
+
+def test_server_cpu_around_a_command_charges_its_pages_by_role(vllm_server: Started, tmp_path: Path) -> None:
+    """`around` runs the command (here: one real chat request, then a results.json of 2 pages read, and
+    exit status 3), then writes the CPU each role spent meanwhile, per page, next to the results."""
+    pid_file = tmp_path / "server.pid"
+    write_pid_file(pid_file, vllm_server.service.pid)
+    report = tmp_path / "report"
+    client = (
+        "import json, sys, urllib.request\n"
+        f"url = {vllm_server.url!r}\n"
+        "model = json.load(urllib.request.urlopen(url + '/v1/models'))['data'][0]['id']\n"
+        "body = json.dumps({'model': model, 'max_tokens': 8, 'messages': [{'role': 'user', 'content': 'hi'}]})\n"
+        "request = urllib.request.Request(url + '/v1/chat/completions', body.encode(), "
+        "{'Content-Type': 'application/json'})\n"
+        "urllib.request.urlopen(request, timeout=120).read()\n"
+        f"open({str(report / 'results.json')!r}, 'w').write(json.dumps({{'levels': [{{'ok': 1}}, {{'ok': 1}}]}}))\n"
+        "sys.exit(3)\n")
+    report.mkdir()
+    result = subprocess.run([PYTHON, str(ROOT / "benchmarks" / "server_cpu.py"), "around", str(pid_file), str(report),
+                             "--", PYTHON, "-c", client], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 3, result.stderr
+    roles = json.loads((report / "server-cpu.json").read_text())
+    engine = next(value for role, value in roles.items() if role.startswith("VLLM::EngineCore"))
+    assert engine["processes"] == 1 and engine["cpu_s"] > 0
+    assert abs(engine["cpu_ms_per_page"] - 1000 * engine["cpu_s"] / 2) <= 2.5  # cpu_s is rounded to 10 ms
+    assert json.loads(result.stdout) == roles
 
 
 def test_rounds_run_in_order_with_their_variables_and_wait_for_a_version_still_being_staged(tmp_path: Path) -> None:
