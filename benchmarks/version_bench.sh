@@ -16,9 +16,11 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 STATE=${STATE:-/root/bench}
 OUT=${OUT:-$STATE/out}
 kind=${1:?bf16 or fp8}; name=${2:?name}; site=${3:?site}; shift 3
-export PYTHONPATH=$site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHON=python3 UI=off OCR_API=off RUN_DIR=$STATE/run-$name
+source "$ROOT/benchmarks/gpu_platform.sh"   # site_pythonpath
+export PYTHONPATH=$(site_pythonpath "$site") VLLM_USE_FLASHINFER_SAMPLER=0 PYTHON=python3 UI=off OCR_API=off \
+  RUN_DIR=$STATE/run-$name
 if [[ ${FLASHINFER:-0} == 1 ]]; then
-  export PYTHONPATH=$site:/root/site-flashinfer PATH=/root/site-flashinfer/bin:$PATH
+  export PYTHONPATH=$PYTHONPATH:/root/site-flashinfer PATH=/root/site-flashinfer/bin:$PATH
   [[ -n ${CUDA_HOME:-} || ! -d /usr/local/cuda ]] || export CUDA_HOME=/usr/local/cuda
 fi
 export MODEL=${MODEL_DIR:-/root/models/lightonocr-full} STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-600}

@@ -159,3 +159,21 @@ def test_the_corpus_benchmark_finds_every_page_once_through_kills_links_and_anot
     assert report["check"]["every_page_once"] and report["check"]["documents"] == 161
     assert report["status_from_mount_b"]["verdict"].startswith("complete: every page of the 161 document(s)")
     assert [phase["exits"] for phase in report["phases"]][1:] == [[0, 0], [0, 0, 0, 0]]
+
+
+def test_site_pythonpath_imports_what_a_target_install_pth_would_add(tmp_path: Path) -> None:
+    """`pip install --target SITE` leaves nvidia-cutlass-dsl's .pth in SITE, which Python does not run from a
+    PYTHONPATH folder: gpu_platform.sh's site_pythonpath names its folder, so `import cutlass` works there."""
+    site = tmp_path / "site"
+    package = site / "nvidia_cutlass_dsl" / "dsl_packages" / "cutlass"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("WHERE = __file__\n")
+    (site / "nvidia_cutlass_dsl_packages.pth").write_text("import sys; sys.path.insert(0, 'never-run')\n")
+    script = ('source benchmarks/gpu_platform.sh; '
+              f'PYTHONPATH=$(site_pythonpath {site}) "$0" -c "import cutlass; print(cutlass.WHERE)"')
+    plain = subprocess.run([PYTHON, "-c", "import cutlass"], env={"PYTHONPATH": str(site)}, cwd=ROOT,
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert plain.returncode == 1 and "No module named 'cutlass'" in plain.stderr
+    found = subprocess.run(["bash", "-c", script, PYTHON], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                           check=True)
+    assert found.stdout.strip() == str(package / "__init__.py")
