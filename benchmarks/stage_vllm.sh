@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Stage a vLLM wheel set for the offline GPU machine (its image: torch 2.11.0+cu130, Python 3.12, no
 # network), cut into parts that each fit one device `run` call beside the working tree (64 MiB together).
-#   bash benchmarks/stage_vllm.sh VERSION [PART_MB]   # VERSION: a list in benchmarks/gpu-wheels/ (0.26.0, 0.32.0)
+#   bash benchmarks/stage_vllm.sh VERSION [PART_MB]   # VERSION: a list in benchmarks/gpu-wheels/ (0.26.0, 0.32.0, 0.34.0)
 # It fills .gpu/vllm-VERSION/p1 .. pN (keep '/.gpu/' in .git/info/exclude); the downloads stay in
 # .gpu/wheels-VERSION/ for the next time. On the GPU machine, each part with its own call:
 #   run(carry [".gpu/vllm-VERSION/pK"])  mkdir -p /root/gpu-vllm-VERSION && cp .gpu/vllm-VERSION/pK/* /root/gpu-vllm-VERSION/
 # then `bash benchmarks/gpu_bench.sh setup` installs every staged version: 0.26.0 into /root/site (the
 # README's path), any other into /root/site-VERSION; SITE=/root/site-VERSION picks one for gpu_bench.sh.
+# A new version's set is rehearsed here first, at no device time: bash benchmarks/rehearse_wheels.sh VERSION.
 set -euo pipefail
 VERSION=${1:?VERSION, e.g. 0.26.0 or 0.32.0}
 PART_MB=${2:-40}
