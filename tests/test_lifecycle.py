@@ -309,6 +309,29 @@ def test_settings_that_cannot_work_are_refused_before_anything_starts(lifecycle_
     assert not list(Path(head["RUN_DIR"]).glob("*.pid"))
 
 
+def test_a_vllm_that_cannot_build_its_parser_here_leaves_the_rule_without_it(tmp_path):
+    """vLLM 0.34's CUDA build on a machine without a GPU raises "Failed to infer device type" while it builds
+    `vllm serve`'s parser (seen with its wheel set rehearsed on this CPU, benchmarks/rehearse_wheels.sh; with a
+    device its parser builds and refuses the same spellings). A stand-in vLLM that raises the same way: the
+    launcher takes no parser, and a key after -- is still refused by the rule that needs none."""
+    fake = tmp_path / "fake"
+    (fake / "vllm" / "utils").mkdir(parents=True)
+    (fake / "vllm" / "entrypoints" / "common").mkdir(parents=True)
+    for package in ("vllm", "vllm/utils", "vllm/entrypoints", "vllm/entrypoints/common"):
+        (fake / package / "__init__.py").write_text("")
+    (fake / "vllm" / "utils" / "argparse_utils.py").write_text(
+        "from argparse import ArgumentParser as FlexibleArgumentParser\n")
+    (fake / "vllm" / "entrypoints" / "common" / "cli_args.py").write_text(
+        "def make_arg_parser(parser):\n    raise RuntimeError('Failed to infer device type')\n")
+    probe = ("from ocr_bundle.serve.launch import KEY_ON_ARGV, passthrough_problem, vllm_argument_parser\n"
+             "parser = vllm_argument_parser()\n"
+             "print(parser is None, passthrough_problem(['--api-k', 'S'], parser) == KEY_ON_ARGV)\n")
+    done = subprocess.run([PYTHON, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": f"{fake}{os.pathsep}{ROOT}"}, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
+
+
 @pytest.mark.slow
 @pytest.mark.needs_vllm
 def test_a_key_or_tls_after_double_dash_is_refused_however_spelled(lifecycle_env, tmp_path):

@@ -370,8 +370,9 @@ def behind_gateway(args: argparse.Namespace) -> bool:
     return bool(args.join) if args.behind_gateway is None else args.behind_gateway
 
 
-# Where `vllm serve`'s parser is built (make_arg_parser), newest layout first: 0.32, then 0.26.
-VLLM_PARSER_MODULES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args")
+# Where `vllm serve`'s parser is built (make_arg_parser), newest layout first: 0.34, 0.32, then 0.26.
+VLLM_PARSER_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args",
+                       "vllm.entrypoints.openai.cli_args")
 KEY_ON_ARGV = ("an API key after -- would put it on vLLM's command line, visible to every user (ps) and in its "
                "log, and would leave the routes vLLM does not key open (the bundle keys them from VLLM_API_KEY): "
                "export VLLM_API_KEY instead (the launcher hands it to vLLM through the environment)")
@@ -380,9 +381,10 @@ TLS_ON_ARGV = ("TLS settings after -- (--ssl-*): serve HTTPS with TLS_CERT, TLS_
 
 
 def vllm_argument_parser() -> argparse.ArgumentParser | None:
-    """`vllm serve`'s own parser (None when this Python cannot import vLLM): what it makes of the
-    arguments after -- is what vLLM will do with them, whatever their spelling (--api_key, --api-k,
-    --api_ke=..., a --config file)."""
+    """`vllm serve`'s own parser (None when this Python cannot import vLLM, or vLLM cannot build it
+    here): what it makes of the arguments after -- is what vLLM will do with them, whatever their
+    spelling (--api_key, --api-k, --api_ke=..., a --config file). Without it, passthrough_problem
+    falls back to a rule that needs no vLLM."""
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
@@ -392,9 +394,13 @@ def vllm_argument_parser() -> argparse.ArgumentParser | None:
             return None
     for name in VLLM_PARSER_MODULES:
         try:
-            return importlib.import_module(name).make_arg_parser(FlexibleArgumentParser())
+            make_arg_parser = importlib.import_module(name).make_arg_parser
         except (ImportError, AttributeError):
             continue
+        try:
+            return make_arg_parser(FlexibleArgumentParser())
+        except Exception:  # noqa: BLE001 - e.g. 0.34's CUDA build without a GPU: "Failed to infer device type"
+            return None
     return None
 
 
