@@ -15,7 +15,11 @@ cd "$(dirname "$0")/.."
 source benchmarks/gpu_platform.sh
 WHEELS=.gpu/wheels-$VERSION
 [[ -d $WHEELS ]] || { echo "no $WHEELS: run benchmarks/stage_vllm.sh $VERSION first" >&2; exit 2; }
-PY312=$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -n 1 || true)
+PY312=
+for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+  # One that runs: a pyenv shim is on the PATH even where its version is not the selected one.
+  if "$candidate" -c "" 2>/dev/null; then PY312=$candidate; break; fi
+done
 [[ -n $PY312 ]] || { echo "needs a Python 3.12 (the GPU image's)" >&2; exit 2; }
 IMAGE=${IMAGE_VENV:-$HOME/.cache/lightonocr-bundle/gpu-image-py312}
 if [[ ! -x $IMAGE/bin/python ]]; then
@@ -33,9 +37,8 @@ trap 'rm -rf "$SITE"' EXIT
 PYTHONPATH=$(site_pythonpath "$SITE") "$IMAGE/bin/python" - <<'PY'
 import importlib, pkgutil, sys
 modules = ["torch", "vllm", "vllm.entrypoints.cli.main", "vllm.v1.engine.core", "vllm.v1.worker.gpu_worker",
-           "vllm.v1.attention.backends.flash_attn", "vllm.model_executor.models.lightonocr",
-           "vllm.model_executor.warmup.kernel_warmup"]
-import vllm.model_executor.warmup as warmup
+           "vllm.v1.attention.backends.flash_attn", "vllm.model_executor.models.lightonocr"]
+import vllm.model_executor.warmup as warmup  # kernel_warmup and every module it may import on a CUDA start
 modules += [f"vllm.model_executor.warmup.{m.name}" for m in pkgutil.iter_modules(warmup.__path__)]
 failed = []
 for name in modules:
