@@ -40,16 +40,13 @@ OUT=${OUT:-$STATE/out}
 PORT=${PORT:-8000}
 SERVER_PID_FILE=${SERVER_PID_FILE:-$STATE/server.pid}
 SERVER_LOG_NOTE=$SERVER_PID_FILE.log   # which log belongs to the server of SERVER_PID_FILE
-FLASHINFER_SITE=/root/site-flashinfer
 SITE=${SITE:-/root/site}   # which vLLM: /root/site (0.26.0) or /root/site-VERSION (benchmarks/stage_vllm.sh)
-source "$ROOT/benchmarks/gpu_platform.sh"   # site_pythonpath
+source "$ROOT/benchmarks/gpu_platform.sh"   # serve_env, FLASHINFER_SITE
+serve_env "$SITE"
 if [[ ${FLASHINFER:-0} == 1 ]]; then
-  # Its just-in-time builds call `ninja` and the image's nvcc.
-  export PYTHONPATH=$(site_pythonpath "$SITE"):$FLASHINFER_SITE VLLM_USE_FLASHINFER_SAMPLER=${FLASHINFER_SAMPLER:-1} \
-    PATH=$FLASHINFER_SITE/bin:$PATH
-  [[ -n ${CUDA_HOME:-} || ! -d /usr/local/cuda ]] || export CUDA_HOME=/usr/local/cuda
+  export VLLM_USE_FLASHINFER_SAMPLER=${FLASHINFER_SAMPLER:-1}
 else
-  export PYTHONPATH=$(site_pythonpath "$SITE") VLLM_USE_FLASHINFER_SAMPLER=0
+  export VLLM_USE_FLASHINFER_SAMPLER=0
 fi
 mkdir -p "$STATE" "$OUT"
 cd "$ROOT"

@@ -7,7 +7,8 @@
 # LONE=0 skips the lone-page runs of a bf16 round (a repeat round, where only saturation is compared).
 # FLASHINFER=1 makes FlashInfer importable from /root/site-flashinfer (benchmarks/stage_flashinfer.sh:
 # the version vLLM 0.26.0 pins), with its just-in-time builds' ninja and nvcc: the launcher then picks
-# it for an fp8 KV cache on Hopper, as on a box where `pip install -r requirements.txt` brought it.
+# it for an fp8 KV cache on Hopper, as on a box where `pip install -r requirements.txt` brought it. A set
+# that carries its own FlashInfer (0.34.0's) needs no FLASHINFER=1 (gpu_platform.sh's serve_env).
 # SITE: the vLLM install (/root/site: 0.26.0; /root/site-0.32.0 ...: benchmarks/stage_vllm.sh, gpu_bench.sh setup).
 # Each round leaves NAME-start.txt (time to ready, the launcher's choices), NAME-*/ reports (pages/s,
 # latency, GPU memory) and NAME-engine.txt (vLLM's throughput lines) in $OUT.
@@ -16,13 +17,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 STATE=${STATE:-/root/bench}
 OUT=${OUT:-$STATE/out}
 kind=${1:?bf16 or fp8}; name=${2:?name}; site=${3:?site}; shift 3
-source "$ROOT/benchmarks/gpu_platform.sh"   # site_pythonpath
-export PYTHONPATH=$(site_pythonpath "$site") VLLM_USE_FLASHINFER_SAMPLER=0 PYTHON=python3 UI=off OCR_API=off \
-  RUN_DIR=$STATE/run-$name
-if [[ ${FLASHINFER:-0} == 1 ]]; then
-  export PYTHONPATH=$PYTHONPATH:/root/site-flashinfer PATH=/root/site-flashinfer/bin:$PATH
-  [[ -n ${CUDA_HOME:-} || ! -d /usr/local/cuda ]] || export CUDA_HOME=/usr/local/cuda
-fi
+source "$ROOT/benchmarks/gpu_platform.sh"   # serve_env
+serve_env "$site"
+export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHON=python3 UI=off OCR_API=off RUN_DIR=$STATE/run-$name
 export MODEL=${MODEL_DIR:-/root/models/lightonocr-full} STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-600}
 [[ $kind == fp8 ]] && export KV_CACHE_DTYPE=fp8
 mkdir -p "$OUT" "$STATE/reports"

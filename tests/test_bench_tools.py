@@ -5,6 +5,7 @@ against the session's real vLLM server."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -177,3 +178,38 @@ def test_site_pythonpath_imports_what_a_target_install_pth_would_add(tmp_path: P
     found = subprocess.run(["bash", "-c", script, PYTHON], cwd=ROOT, capture_output=True, text=True, timeout=60,
                            check=True)
     assert found.stdout.strip() == str(package / "__init__.py")
+
+
+def test_serve_env_gives_a_set_with_flashinfer_its_ninja_and_nvcc_and_a_set_without_nothing(tmp_path: Path) -> None:
+    """gpu_platform.sh's serve_env, the one rule gpu_bench.sh and version_bench.sh serve by: a set that carries
+    FlashInfer (0.34.0's) gets its ninja on PATH, after the image's own, and CUDA_HOME, without which vLLM 0.34
+    turns FlashInfer off; FLASHINFER=1 adds 0.26.0's FlashInfer folder first; a set without it changes no PATH."""
+    with_fi, without_fi = tmp_path / "site-fi", tmp_path / "site-plain"
+    for site in (with_fi, without_fi):
+        (site / "bin").mkdir(parents=True)
+        ninja = site / "bin" / "ninja"
+        ninja.write_text(f"#!/bin/sh\necho {site.name}\n")
+        ninja.chmod(0o755)
+    (with_fi / "flashinfer").mkdir()
+    show = ('source benchmarks/gpu_platform.sh; serve_env "$1"; '
+            'echo "$PYTHONPATH"; echo "$PATH"; echo "${CUDA_HOME:-unset}"; ninja 2>/dev/null || echo "no ninja"')
+
+    def serve_env(site: Path, **extra: str) -> list[str]:
+        env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": "/opt/cuda-test", **extra}
+        return subprocess.run(["bash", "-c", show, "bash", str(site)], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=60, check=True).stdout.splitlines()
+
+    pythonpath, path, cuda_home, *_ = serve_env(with_fi)
+    assert pythonpath == f"{with_fi}:{with_fi}/nvidia_cutlass_dsl/dsl_packages"
+    assert path == f"/usr/bin:/bin:{with_fi}/bin"   # the set's scripts never shadow the image's
+    assert cuda_home == "/opt/cuda-test"             # one already set is kept
+    pythonpath, path, cuda_home, *_ = serve_env(without_fi)
+    assert path == "/usr/bin:/bin" and pythonpath == f"{without_fi}:{without_fi}/nvidia_cutlass_dsl/dsl_packages"
+    pythonpath, path, *_ = serve_env(without_fi, FLASHINFER="1")
+    assert pythonpath.endswith(":/root/site-flashinfer") and path.startswith("/root/site-flashinfer/bin:")
+    assert path.endswith(f":{without_fi}/bin")
+    # The set's ninja is what FlashInfer's builds find where the image has none on the PATH.
+    bash = shutil.which("bash") or "/bin/bash"
+    bare = subprocess.run([bash, "-c", show, "bash", str(with_fi)], env={"PATH": "/nonexistent"}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert bare.stdout.splitlines()[-1] == "site-fi"
