@@ -50,5 +50,8 @@ else
     stress c1-greedy --concurrency 1 --requests 6 --warmup 1 --temperature 0
   fi
 fi
-grep -E "throughput|Error|LightOnOCR bundle patch|compile" "$RUN_DIR/vllm.log" | tail -n 60 >"$OUT/$name-engine.txt" || true
+# vLLM 0.34 logs each compiled encoder block's cache load (three lines a block): kept out, or they crowd out the rest.
+grep -E "throughput|Error|LightOnOCR bundle patch|compile" "$RUN_DIR/vllm.log" \
+  | grep -vE "Directly load AOT compilation|reconstructed serializable fn|\[PixtralHFTransformerBlock\] torch\.compile took" \
+  | tail -n 60 >"$OUT/$name-engine.txt" || true
 ./stop_optimized.sh >"$OUT/$name-stop.txt" 2>&1 || tail -n 5 "$OUT/$name-stop.txt"
