@@ -5,6 +5,7 @@
     python stress_test.py --images pages/ --concurrency 1,4,16,64 --requests 64 --out reports/h200
     python stress_test.py --ignore-eos --max-tokens 1000         # fixed output length: repeatable timing
     python stress_test.py --compare reports/before/results.json  # before/after table with ratios
+    python stress_test.py --concurrency 256 --requests 1024 --ramp 40 ...  # the rate with every slot busy
     CUDA_VISIBLE_DEVICES=0,1 python stress_test.py ...           # memory of GPUs 0 and 1 only (or --gpus 0,1)
 
 Each image (or PDF page) is prepared and encoded once, into the exact request body every
@@ -48,7 +49,7 @@ from ocr_bundle.loadtest.pollers import (
     open_gpu_probe,
     per_server_stats,
 )
-from ocr_bundle.loadtest.replay import Replayer, Workload, calculate_metrics, load_workloads
+from ocr_bundle.loadtest.replay import Replayer, Workload, calculate_metrics, load_workloads, sustained_rate
 from ocr_bundle.loadtest.report import aligned_table, client_verdict, compare, write_reports
 from ocr_bundle.progress import progress_bar
 from ocr_bundle.samples import find_images
@@ -73,6 +74,14 @@ def concurrency_list(text: str) -> list[int]:
     return values
 
 
+def seconds_at_least_zero(text: str) -> float:
+    """An argparse type: a number of seconds, 0 or more."""
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(parser)
@@ -84,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests-per-concurrency", type=float, default=0.0,
                         help="at least this many requests per unit of concurrency (e.g. 2 → 128 at 64); "
                              "default 0: --requests only")
+    parser.add_argument("--ramp", type=seconds_at_least_zero, default=0.0, metavar="SECONDS",
+                        help="spread each level's first sends over this many seconds (about one page's latency) "
+                             "and report the sustained pages/s: every slot busy, arrivals spread, no drain; "
+                             "identical pages sent at once are answered in waves (default 0: all at once)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the first level (default 2)")
     parser.add_argument("--max-tokens", type=int, default=1024, help="max_tokens per request (default 1024)")
     parser.add_argument("--temperature", type=float, help=f"default: the model family's ({TEMPERATURE}; 3-1B 0.1)")
@@ -151,7 +164,7 @@ def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, a
     gateway_before = read_gateway() if servers.behind_gateway else None
     start = time.monotonic()
     try:
-        run = replayer.run(workloads, concurrency, count, stop, args.grace, on_result)
+        run = replayer.run(workloads, concurrency, count, stop, args.grace, on_result, ramp_s=args.ramp)
     finally:
         bar.close()
     end = time.monotonic()
@@ -177,12 +190,16 @@ def run_level(replayer: Replayer, workloads: list[Workload], concurrency: int, a
     if servers.behind_gateway:
         metrics.vllm["gateway"] = counter_delta(gateway_before, read_gateway())
     level = metrics.to_dict()
+    # Only a spread start has a steady stretch to measure: sent at once, identical pages come back in waves.
+    level["sustained"] = sustained_rate(run.results, concurrency) if args.ramp > 0 else None
     level["window"] = {"start": start, "end": end}
     level["requests_planned"] = count
     level["cancelled"], level["abandoned"] = run.cancelled, run.abandoned
     level["results"] = [{"concurrency": concurrency, **r.__dict__} for r in run.results]
     note = f" (interrupted: {run.cancelled} never sent, {run.abandoned} abandoned in flight)" if stop.is_set() else ""
-    print(f"concurrency {concurrency}: {metrics.ok}/{metrics.requests} ok, {metrics.pages_per_s:.2f} pages/s, "
+    sustained = level["sustained"]
+    steady = "" if sustained is None else f"sustained {sustained['pages_per_s']:.2f} pages/s, "
+    print(f"concurrency {concurrency}: {metrics.ok}/{metrics.requests} ok, {metrics.pages_per_s:.2f} pages/s, {steady}"
           f"p50 {metrics.latency_p50_s or float('nan'):.2f} s{note}", flush=True)
     return level
 

@@ -5,6 +5,9 @@
 #   bash benchmarks/version_bench.sh bf16 NAME SITE [start_optimized args]  # c=256, then a lone page sampled and greedy
 #   bash benchmarks/version_bench.sh fp8 NAME SITE [start_optimized args]   # KV_CACHE_DTYPE=fp8, c=512
 # LONE=0 skips the lone-page runs of a bf16 round (a repeat round, where only saturation is compared).
+# SUSTAINED=1 adds a longer run at the same concurrency with its first sends spread over about one page's
+# latency (stress_test.py --ramp): its sustained pages/s is the rate with every slot busy, without the waves and
+# the drain of the 1.5-wave run the figures have always come from (benchmarks/waves.py). ~2 minutes more.
 # FLASHINFER=1 makes FlashInfer importable from /root/site-flashinfer (benchmarks/stage_flashinfer.sh:
 # the version vLLM 0.26.0 pins), with its just-in-time builds' ninja and nvcc: the launcher then picks
 # it for an fp8 KV cache on Hopper, as on a box where `pip install -r requirements.txt` brought it. A set
@@ -43,8 +46,10 @@ grep -E "^\[start_vllm_server\]|LightOnOCR bundle patch|[Aa]ttention backend|Usi
   "$RUN_DIR/vllm.log" | cut -c1-300 | awk '!seen[$0]++' | head -n 24 | tee -a "$OUT/$name-start.txt" || true
 if [[ $kind == fp8 ]]; then
   stress c512 --concurrency 512 --requests 768 --warmup 16
+  if [[ ${SUSTAINED:-0} == 1 ]]; then stress c512-sustained --concurrency 512 --requests 1536 --ramp 60 --warmup 0; fi
 else
   stress c256 --concurrency 256 --requests 384 --warmup 16
+  if [[ ${SUSTAINED:-0} == 1 ]]; then stress c256-sustained --concurrency 256 --requests 1024 --ramp 40 --warmup 0; fi
   if [[ ${LONE:-1} == 1 ]]; then
     stress c1 --concurrency 1 --requests 6 --warmup 1
     stress c1-greedy --concurrency 1 --requests 6 --warmup 1 --temperature 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ocr_bundle.loadtest.replay import RequestResult, calculate_metrics, group_errors, percentile
+from ocr_bundle.loadtest.replay import RequestResult, calculate_metrics, group_errors, percentile, sustained_rate
 
 
 def result(latency: float, start: float = 0.0, ok: bool = True, error: str | None = None, ttft: float | None = 0.1,
@@ -57,3 +57,18 @@ def test_metrics_of_all_failures_and_of_nothing():
     assert failed.pages_per_s == 0 and failed.latency_p50_s is None and failed.errors == 1
     empty = calculate_metrics([], concurrency=4)
     assert empty.requests == 0 and empty.pages_per_s == 0 and empty.client_cpu_per_request_s is None
+
+
+def test_sustained_rate_counts_answers_between_the_first_answer_and_the_last_send():
+    # Two slots, sends spread by a ramp: [0, 2], [1, 3], then each slot sends again as it is answered.
+    spread = [result(2.0, 0.0), result(2.0, 1.0), result(2.0, 2.0), result(2.0, 3.0, ok=False, error="boom"),
+              result(2.0, 4.0), result(2.0, 5.0)]
+    # From the first answer (2 s) to the last send (5 s): answers at 3 and 4 s (the failed one at 5 s is no page).
+    assert sustained_rate(spread, concurrency=2) == {"pages_per_s": 2 / 3, "pages": 2, "window_s": [2.0, 5.0]}
+    # The ramp longer than a page: the window opens when the last first send leaves, not at the first answer.
+    slow_ramp = [result(1.0, 0.0), result(1.0, 3.0), result(1.0, 4.0), result(1.0, 5.0), result(1.0, 6.0)]
+    assert sustained_rate(slow_ramp, concurrency=2)["window_s"] == [3.0, 6.0]
+    # Sent at once, answered at once: no steady stretch at all; nor with no more pages than slots.
+    waves = [result(2.0, 0.0), result(2.0, 0.0), result(2.0, 2.0), result(2.0, 2.0)]
+    assert sustained_rate(waves, concurrency=2) is None
+    assert sustained_rate(spread[:2], concurrency=2) is None

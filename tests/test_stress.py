@@ -44,12 +44,16 @@ def test_full_run_at_1_2_4_writes_every_report(vllm_server, tmp_path: Path):
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "conc  reqs  errors  pages/s" in done.stdout  # the aligned table on stdout
 
-    # A second run compares itself with the first, as the article's before/after.
-    again = stress("--concurrency", "2", "--requests", "2", "--warmup", "0", "--max-tokens", "8", "--ignore-eos",
-                   "--out", str(tmp_path / "after"), "--compare", str(out / "results.json"), url=vllm_server.url)
+    # A second run compares itself with the first, as the article's before/after; its first sends spread (--ramp).
+    again = stress("--concurrency", "2", "--requests", "4", "--warmup", "0", "--max-tokens", "8", "--ignore-eos",
+                   "--ramp", "0.5", "--out", str(tmp_path / "after"), "--compare", str(out / "results.json"),
+                   url=vllm_server.url)
     assert again.returncode == 0, again.stderr
-    comparison = json.loads((tmp_path / "after" / "results.json").read_text())["comparison"]
-    assert "| 2 | pages/s |" in comparison and "×" in comparison
+    after = json.loads((tmp_path / "after" / "results.json").read_text())
+    assert "| 2 | pages/s |" in after["comparison"] and "×" in after["comparison"]
+    first, second = sorted(r["start_s"] for r in after["requests"])[:2]
+    assert second - first >= 0.2  # 0.5 s over two slots: the second send a quarter-second after the first
+    assert "sustained" in after["levels"][0] and "sustained pages/s" in (tmp_path / "after" / "report.md").read_text()
 
 
 def corrupt_folder(tmp_path: Path) -> Path:

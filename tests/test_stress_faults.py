@@ -5,6 +5,7 @@ counted together. No vLLM here (the fast tier); test_stress.py runs it against t
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,35 @@ def test_a_model_the_server_does_not_serve_is_refused_before_any_request(tmp_pat
         assert server.chat_count() == 0
     assert code == 2
     assert f"does not serve the model 'lightonocr-tny'; it serves '{MODEL}'" in capsys.readouterr().err
+
+
+def test_a_ramp_spreads_the_first_sends_and_reports_the_sustained_rate(tmp_path, capsys):
+    """--ramp 0.4 at concurrency 4 with pages of 0.6 s: the first four sends leave ~0.1 s apart, not together,
+    and the level reports the pages answered per second between the first answer and the last send; without
+    it, none."""
+    def slow(request):
+        time.sleep(0.6)
+        return Reply()
+
+    with ScriptedServer(responder=slow) as server:
+        assert stress(server.url, tmp_path / "ramp", "--concurrency", "4", "--requests", "16", "--ramp", "0.4") == 0
+        assert stress(server.url, tmp_path / "at-once", "--concurrency", "4", "--requests", "8") == 0
+    report = json.loads((tmp_path / "ramp" / "results.json").read_text())
+    level = report["levels"][0]
+    first = sorted(r["start_s"] for r in report["requests"])[:4]
+    gaps = [later - earlier for earlier, later in zip(first, first[1:])]
+    assert all(0.05 < gap < 0.2 for gap in gaps), gaps
+    sustained = level["sustained"]
+    window = sustained["window_s"][1] - sustained["window_s"][0]
+    assert sustained["pages"] >= 4 and sustained["pages_per_s"] == pytest.approx(sustained["pages"] / window)
+    assert 2 < sustained["pages_per_s"] < 4 / 0.6 + 0.5  # four slots of pages of 0.6 s: 6.7 a second at most
+    assert "sustained pages/s" in (tmp_path / "ramp" / "report.md").read_text()
+    assert f"sustained {sustained['pages_per_s']:.2f} pages/s" in capsys.readouterr().out
+    assert json.loads((tmp_path / "at-once" / "results.json").read_text())["levels"][0]["sustained"] is None
+
+
+@pytest.mark.parametrize("ramp", ["-1", "nan", "soon"])
+def test_a_ramp_that_is_no_number_of_seconds_is_refused(tmp_path, capsys, ramp):
+    with pytest.raises(SystemExit) as exited:
+        stress("http://127.0.0.1:9", tmp_path / "r", "--ramp", ramp)
+    assert exited.value.code == 2 and "--ramp" in capsys.readouterr().err

@@ -65,6 +65,23 @@ def group_errors(results: list[RequestResult]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
+def sustained_rate(results: list[RequestResult], concurrency: int) -> dict | None:
+    """Pages answered per second while every slot was busy and arrivals had spread: from the later
+    of the ramp's end (the `concurrency`-th send) and the first answer, to the last send (after it
+    the run drains with fewer in flight). The rate of a run of identical pages sent at once is
+    not this: they are answered in waves (benchmarks/waves.py). None without two answers inside."""
+    if len(results) <= concurrency:
+        return None
+    starts = sorted(r.start_s for r in results)
+    window_start = max(starts[concurrency - 1], min(r.end_s for r in results))
+    window_end = starts[-1]
+    answered = [r for r in results if r.ok and window_start < r.end_s <= window_end]
+    if window_end <= window_start or len(answered) < 2:
+        return None
+    return {"pages_per_s": len(answered) / (window_end - window_start), "pages": len(answered),
+            "window_s": [window_start, window_end]}
+
+
 @dataclass
 class LevelMetrics:
     concurrency: int
@@ -216,9 +233,12 @@ class Replayer:
 
     def run(self, workloads: list[Workload], concurrency: int, requests_count: int,
             stop: threading.Event | None = None, grace_s: float = 30.0,
-            on_result: Callable[[RequestResult], None] = lambda result: None) -> LevelRun:
+            on_result: Callable[[RequestResult], None] = lambda result: None, ramp_s: float = 0.0) -> LevelRun:
         """`requests_count` requests cycling over the workloads, `concurrency` in flight.
 
+        `ramp_s` spreads the first `concurrency` sends evenly over that many seconds instead of
+        sending them at once: identical pages sent together stay in step (encoded, decoded and
+        answered together), spread they keep the server in the mix a long conversion sees.
         When `stop` is set (Ctrl-C), no new request starts; those in flight get `grace_s`
         to finish, then are abandoned (daemon threads: they cannot hold the process)."""
         stop = stop or threading.Event()
@@ -230,9 +250,11 @@ class Replayer:
         threads_count = min(concurrency, requests_count)
         workers = Countdown(threads_count)
 
-        def worker() -> None:
+        def worker(delay_s: float) -> None:
             nonlocal issued
             try:
+                if stop.wait(delay_s):
+                    return
                 while not stop.is_set():
                     with lock:
                         if issued >= requests_count:
@@ -246,7 +268,8 @@ class Replayer:
                 workers.finished()
 
         for i in range(threads_count):
-            threading.Thread(target=worker, name=f"c{concurrency}-{i}", daemon=True).start()
+            threading.Thread(target=worker, args=(i * ramp_s / threads_count,), name=f"c{concurrency}-{i}",
+                             daemon=True).start()
         drain(workers.done, stop, grace_s)
         with lock:
             finished = sorted(results, key=lambda r: r.start_s)

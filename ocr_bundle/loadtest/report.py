@@ -22,6 +22,7 @@ COLUMNS = [
     ("requests", "reqs", "{:d}"),
     ("errors", "errors", "{:d}"),
     ("pages_per_s", "pages/s", "{:.2f}"),
+    ("sustained.pages_per_s", "sustained pages/s", "{:.2f}"),  # with --ramp only
     ("output_tokens_per_s", "out tok/s", "{:,.0f}"),
     ("latency_mean_s", "lat mean s", "{:.2f}"),
     ("latency_p50_s", "p50 s", "{:.2f}"),
@@ -172,6 +173,7 @@ def per_server_lines(report: dict) -> list[str]:
 
 COMPARED = [
     ("pages_per_s", "pages/s", "{:.2f}"),
+    ("sustained.pages_per_s", "sustained pages/s", "{:.2f}"),
     ("output_tokens_per_s", "output tok/s", "{:,.0f}"),
     ("latency_mean_s", "latency mean s", "{:.2f}"),
     ("latency_p99_s", "latency p99 s", "{:.2f}"),
