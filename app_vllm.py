@@ -32,15 +32,15 @@ from ocr_bundle.client import OcrClient
 from ocr_bundle.images import MAX_PDF_PAGES_AT_ONCE
 from ocr_bundle.page import PageSettings, build_ui
 from ocr_bundle.page_guard import PageGuard
-from ocr_bundle.settings import (READ_TIMEOUT_S, add_server_arguments, api_key_from_env, env_default,
-                                 refuse_secret_on_command_line)
+from ocr_bundle.settings import (READ_TIMEOUT_S, add_server_arguments, api_key_from_env, env_default, port_number,
+                                 positive_int, positive_number, refuse_secret_on_command_line)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(parser, url_flag="--server-url")
     parser.add_argument("--host", default=env_default("UI_HOST", "127.0.0.1"),
                         help="interface for the page (env UI_HOST; default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=env_default("UI_PORT", 7860, int),
+    parser.add_argument("--port", type=port_number, default=env_default("UI_PORT", 7860, port_number),
                         help="page port (env UI_PORT; default 7860)")
     # The login holds passwords: from the environment only (UI_AUTH), like the key.
     refuse_secret_on_command_line(parser, "--auth", exposure.AUTH_ENV)
@@ -48,15 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve the page over HTTPS with this certificate (env TLS_CERT; with --tls-key and the "
                              "CA that signed it in TLS_CA)")
     parser.add_argument("--tls-key", default=env_default(tls.KEY_ENV), help="the certificate's key (env TLS_KEY)")
-    parser.add_argument("--max-upload-mb", type=float, default=env_default("UI_MAX_UPLOAD_MB", 50.0, float),
+    parser.add_argument("--max-upload-mb", type=positive_number,
+                        default=env_default("UI_MAX_UPLOAD_MB", 50.0, positive_number),
                         help="largest accepted upload in MB (env UI_MAX_UPLOAD_MB; default 50)")
-    parser.add_argument("--concurrency", type=int, default=env_default("UI_CONCURRENCY", 16, int),
+    parser.add_argument("--concurrency", type=positive_int, default=env_default("UI_CONCURRENCY", 16, positive_int),
                         help="requests the page sends to vLLM at once (env UI_CONCURRENCY; default 16)")
     parser.add_argument("--document-api-url", default=env_default("OCR_API_URL"),
                         help="the document API (python -m ocr_bundle.api) that reads \"All pages\" of a PDF (env "
                              "OCR_API_URL; start_optimized.sh sets it; default: none, the page reads them itself, "
                              f"up to {MAX_PDF_PAGES_AT_ONCE})")
-    parser.add_argument("--timeout", type=float, default=READ_TIMEOUT_S,
+    parser.add_argument("--timeout", type=positive_number, default=READ_TIMEOUT_S,
                         help=f"seconds to wait for one page's answer (default {READ_TIMEOUT_S:g})")
     return parser
 

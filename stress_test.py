@@ -61,6 +61,12 @@ from ocr_bundle.settings import (
     add_server_arguments,
     api_key_from_env,
     env_default,
+    fraction,
+    int_at_least_zero,
+    number_at_least_zero,
+    positive_fraction,
+    positive_int,
+    positive_number,
 )
 
 
@@ -74,14 +80,6 @@ def concurrency_list(text: str) -> list[int]:
     return values
 
 
-def seconds_at_least_zero(text: str) -> float:
-    """An argparse type: a number of seconds, 0 or more."""
-    value = float(text)
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(parser)
@@ -89,18 +87,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="image/PDF files or folders (default: the bundled sample pages)")
     parser.add_argument("--concurrency", type=concurrency_list, default=[1, 2, 4],
                         help="comma-separated levels (default 1,2,4)")
-    parser.add_argument("--requests", type=int, default=8, help="requests per level (default 8)")
-    parser.add_argument("--requests-per-concurrency", type=float, default=0.0,
+    parser.add_argument("--requests", type=positive_int, default=8, help="requests per level (default 8)")
+    parser.add_argument("--requests-per-concurrency", type=number_at_least_zero, default=0.0,
                         help="at least this many requests per unit of concurrency (e.g. 2 → 128 at 64); "
                              "default 0: --requests only")
-    parser.add_argument("--ramp", type=seconds_at_least_zero, default=0.0, metavar="SECONDS",
+    parser.add_argument("--ramp", type=number_at_least_zero, default=0.0, metavar="SECONDS",
                         help="spread each level's first sends over this many seconds (about one page's latency) "
                              "and report the sustained pages/s: every slot busy, arrivals spread, no drain; "
                              "identical pages sent at once are answered in waves (default 0: all at once)")
-    parser.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the first level (default 2)")
-    parser.add_argument("--max-tokens", type=int, default=1024, help="max_tokens per request (default 1024)")
-    parser.add_argument("--temperature", type=float, help=f"default: the model family's ({TEMPERATURE}; 3-1B 0.1)")
-    parser.add_argument("--top-p", type=float, help=f"top_p (default: the model family's, {TOP_P}; 3-1B 1.0)")
+    parser.add_argument("--warmup", type=int_at_least_zero, default=2,
+                        help="unmeasured requests before the first level (default 2)")
+    parser.add_argument("--max-tokens", type=positive_int, default=1024, help="max_tokens per request (default 1024)")
+    parser.add_argument("--temperature", type=number_at_least_zero,
+                        help=f"default: the model family's ({TEMPERATURE}; 3-1B 0.1)")
+    parser.add_argument("--top-p", type=positive_fraction,
+                        help=f"top_p (default: the model family's, {TOP_P}; 3-1B 1.0)")
     parser.add_argument("--grounding", action="store_true", help="LightOnOCR-3's grounding requests (layout blocks)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="generate exactly --max-tokens tokens per page (vLLM extension): repeatable timing")
@@ -109,20 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--encoding", choices=("PNG", "JPEG"), default="PNG", help="page encoding sent (default PNG)")
     parser.add_argument("--raw", action="store_true",
                         help="send files as they are (no resize/re-encode): measures the server's own image handling")
-    parser.add_argument("--timeout", type=float, default=READ_TIMEOUT_S,
+    parser.add_argument("--timeout", type=positive_number, default=READ_TIMEOUT_S,
                         help=f"seconds allowed per request (default {READ_TIMEOUT_S:g})")
-    parser.add_argument("--sample-interval", type=float, default=0.2,
+    parser.add_argument("--sample-interval", type=positive_number, default=0.2,
                         help="seconds between GPU memory / metrics samples (default 0.2)")
     parser.add_argument("--out", type=Path, default=None,
                         help="report folder (default reports/stress-YYYYmmdd-HHMMSS)")
     parser.add_argument("--compare", type=Path, help="an earlier results.json to compare against (before vs after)")
     parser.add_argument("--label", default="", help="free text stored in the report (e.g. the server flags)")
-    parser.add_argument("--max-error-rate", type=float, default=0.0,
+    parser.add_argument("--max-error-rate", type=fraction, default=0.0,
                         help="exit 1 when failed/sent exceeds this fraction (default 0: any error fails)")
     parser.add_argument("--gpus", default=None,
                         help="GPU indices whose memory to measure, e.g. 0,1 (default: CUDA_VISIBLE_DEVICES, else every "
                              "GPU NVML sees; NVML counts other tenants' GPUs too)")
-    parser.add_argument("--grace", type=float, default=30.0,
+    parser.add_argument("--grace", type=number_at_least_zero, default=30.0,
                         help="after Ctrl-C, seconds requests in flight may take to finish (default 30)")
     parser.add_argument("--router-metrics", default=env_default("ROUTER_METRICS_URL", DEFAULT_ROUTER_METRICS_URL),
                         help="behind the head's gateway: its Prometheus metrics (retries, breaker transitions, "

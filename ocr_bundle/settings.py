@@ -10,6 +10,7 @@ Standard library only: the launcher imports this before it knows which Python ha
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -47,6 +48,7 @@ DEFAULT_ROUTER_METRICS_URL = f"http://127.0.0.1:{ROUTER_METRICS_PORT}/metrics"
 ENV_URL, ENV_API_KEY, ENV_MODEL = "VLLM_URL", "VLLM_API_KEY", "VLLM_MODEL"
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 
 def env_default(name: str, fallback: T | None = None, cast: Callable[[str], T] = str) -> T | None:
@@ -60,6 +62,8 @@ def env_default(name: str, fallback: T | None = None, cast: Callable[[str], T] =
         return fallback
     try:
         return cast(value)
+    except argparse.ArgumentTypeError as exc:  # a number_type's range, said as for its flag
+        raise SystemExit(f"error: environment variable {name}: {exc}") from None
     except ValueError:
         raise SystemExit(f"error: environment variable {name}={value!r} is not a valid "
                          f"{getattr(cast, '__name__', 'value')}") from None
@@ -135,12 +139,31 @@ def flag_type(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+def number_type(convert: Callable[[str], N], accepts: Callable[[N], bool], wanted: str) -> Callable[[str], N]:
+    """An argparse type (and env_default cast) for a number in a range: a value out of it, nan, inf or no
+    number at all is refused with `wanted` ("a whole number of at least 1"), before anything starts: a
+    typo in a flag or a variable ends the program in one line instead of reaching vLLM or a timeout."""
+    def parse(text: str) -> N:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or not accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, not {text!r}")
+        return value
+
+    parse.__name__ = wanted
+    return parse
+
+
+# The ranges of every numeric flag and variable of the bundle's programs, in one place.
+positive_int = number_type(int, lambda value: value >= 1, "a whole number of at least 1")
+int_at_least_zero = number_type(int, lambda value: value >= 0, "a whole number, 0 or more")
+positive_number = number_type(float, lambda value: value > 0, "a number above 0")
+number_at_least_zero = number_type(float, lambda value: value >= 0, "a number, 0 or more")
+fraction = number_type(float, lambda value: 0 <= value <= 1, "a fraction from 0 to 1")
+positive_fraction = number_type(float, lambda value: 0 < value <= 1, "a fraction above 0, at most 1")
+port_number = number_type(int, lambda value: 1 <= value <= 65535, "a port from 1 to 65535")
 
 
 def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,7 +173,7 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=positive_int, default=4,
                         help="tries per page when a reply is cut at max_tokens or ends in a loop, each 0.2 "
                              "hotter (default 4)")
-    parser.add_argument("--temperature", type=float, default=None,
+    parser.add_argument("--temperature", type=number_at_least_zero, default=None,
                         help="temperature of the first attempt (default: the served model family's, "
                              f"{TEMPERATURE} for LightOnOCR-2, 0.1 for LightOnOCR-3)")
     parser.add_argument("--dpi", type=positive_int, default=PDF_RENDER_DPI,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import itertools
-import json
 import os
 import re
 import socket

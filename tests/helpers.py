@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 import requests
@@ -24,8 +25,11 @@ GROUNDING_CHECKPOINT = ROOT / "tests" / "fixtures" / "lightonocr-3-1b-grounding"
 from ocr_bundle.loadtest.pollers import parse_prometheus  # noqa: E402
 from ocr_bundle.serve.processes import NotReady, Service, stop, wait_ready  # noqa: E402
 
+if TYPE_CHECKING:
+    from ocr_bundle.inputs import InputFile
 
-def as_input(path: Path) -> "InputFile":
+
+def as_input(path: Path) -> InputFile:
     """A file as the converter takes it when named on its own: its name is its path in the corpus."""
     from pathlib import PurePath
 

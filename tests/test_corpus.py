@@ -24,7 +24,7 @@ from ocr_bundle.batch import cli as batch_cli
 from helpers import PYTHON, ROOT, wait_for
 from ocr_bundle.batch import manifest as manifest_module
 from ocr_bundle.batch.locking import DocumentLock, holder_of
-from ocr_bundle.batch.identity import file_sha256, take
+from ocr_bundle.batch.identity import take
 from helpers import as_input
 from ocr_bundle.batch.manifest import JOURNAL, ConversionSettings, DocumentOutput
 from ocr_bundle.inputs import InputFile, discover, in_shard, parse_shard

@@ -151,6 +151,7 @@ def test_drop_applies_to_a_flagged_page_whose_reply_parsed(v3, tmp_path, capsys)
     looping = PAGE + "\n![text](100,985,900,995) The end" + " and well" * 80  # the reply's tail loops
     v3.responder = lambda request: Reply(text=looping)
     run = convert(capsys, v3.url, tmp_path / "out", str(image), "--grounding", "--drop", "header,page_number")
+    assert run.code == 0  # a flagged page is kept, not failed
     record = manifest(tmp_path / "out" / "report.png")["pages"]["1"]
     assert record["status"] == "flagged" and record["parsed"] is True, record
     document = (tmp_path / "out" / "report.png" / "report.md").read_text()
@@ -163,6 +164,7 @@ def test_a_garbled_page_of_700_boxes_keeps_a_small_record(v3, tmp_path, capsys):
     garbled = "\n".join(f"![text](9{i},1,2,3) x" for i in range(700))  # boxes with x2 < x1: each a problem
     v3.responder = lambda request: Reply(text=garbled)
     run = convert(capsys, v3.url, tmp_path / "out", str(image), "--grounding", "--max-attempts", "2")
+    assert run.code == 0
     folder = tmp_path / "out" / "report.png"
     record = manifest(folder)["pages"]["1"]
     assert record["status"] == "flagged" and len(record["attempt_log"]) == 2, record

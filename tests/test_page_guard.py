@@ -6,7 +6,6 @@ page (app_vllm.py, Gradio, HTTPS with a cluster CA from scripts/make_certs.py) w
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path

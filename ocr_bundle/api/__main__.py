@@ -24,7 +24,8 @@ from .. import exposure, tls
 from ..batch.options import BatchOptions
 from ..batch.render_pool import RenderPool
 from ..client import OcrClient
-from ..settings import MAX_OUTPUT_TOKENS, READ_TIMEOUT_S, add_server_arguments, api_key_from_env, env_default
+from ..settings import (MAX_OUTPUT_TOKENS, READ_TIMEOUT_S, add_server_arguments, api_key_from_env, env_default,
+                        number_at_least_zero, port_number, positive_int, positive_number)
 from .documents import Limits
 from .fair import FairSlots
 from .service import DEFAULT_SERVER_WAIT_S, DocumentService
@@ -39,28 +40,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_arguments(parser)
     parser.add_argument("--host", default=env_default("OCR_API_HOST", "127.0.0.1"),
                         help="interface to serve on (env OCR_API_HOST; default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=env_default("OCR_API_PORT", DEFAULT_PORT, int),
+    parser.add_argument("--port", type=port_number, default=env_default("OCR_API_PORT", DEFAULT_PORT, port_number),
                         help=f"port (env OCR_API_PORT; default {DEFAULT_PORT})")
-    parser.add_argument("--concurrency", type=int, default=env_default("OCR_API_CONCURRENCY", DEFAULT_CONCURRENCY, int),
+    parser.add_argument("--concurrency", type=positive_int,
+                        default=env_default("OCR_API_CONCURRENCY", DEFAULT_CONCURRENCY, positive_int),
                         help="pages at the OCR server at once, shared fairly by all requests (env OCR_API_CONCURRENCY;"
                              f" default {DEFAULT_CONCURRENCY})")
-    parser.add_argument("--render-workers", type=int,
-                        default=env_default("OCR_API_RENDER_WORKERS", max(1, min(4, (os.cpu_count() or 2) - 1)), int),
+    parser.add_argument("--render-workers", type=positive_int,
+                        default=env_default("OCR_API_RENDER_WORKERS", max(1, min(4, (os.cpu_count() or 2) - 1)),
+                                            positive_int),
                         help="processes rendering pages (env OCR_API_RENDER_WORKERS; default: CPUs - 1, at most 4)")
-    parser.add_argument("--server-wait", type=float, default=env_default("OCR_API_SERVER_WAIT", DEFAULT_SERVER_WAIT_S,
-                                                                         float),
+    parser.add_argument("--server-wait", type=number_at_least_zero,
+                        default=env_default("OCR_API_SERVER_WAIT", DEFAULT_SERVER_WAIT_S, number_at_least_zero),
                         help="seconds a request waits out an OCR server that is away before answering 503 (env "
                              f"OCR_API_SERVER_WAIT; default {DEFAULT_SERVER_WAIT_S:g})")
-    parser.add_argument("--max-tokens", type=int, default=env_default("OCR_API_MAX_TOKENS", MAX_OUTPUT_TOKENS, int),
+    parser.add_argument("--max-tokens", type=positive_int,
+                        default=env_default("OCR_API_MAX_TOKENS", MAX_OUTPUT_TOKENS, positive_int),
                         help=f"output tokens per page (env OCR_API_MAX_TOKENS; default {MAX_OUTPUT_TOKENS}); a page cut "
                              "there is retried hotter and flagged, as in the converter")
-    parser.add_argument("--max-attempts", type=int, default=env_default("OCR_API_MAX_ATTEMPTS", BatchOptions.max_attempts,
-                                                                        int),
+    parser.add_argument("--max-attempts", type=positive_int,
+                        default=env_default("OCR_API_MAX_ATTEMPTS", BatchOptions.max_attempts, positive_int),
                         help="tries per page while the reply is cut, loops or does not parse, each hotter (env "
                              f"OCR_API_MAX_ATTEMPTS; default {BatchOptions.max_attempts}, as the converter)")
-    parser.add_argument("--temperature", type=float, default=env_default("OCR_API_TEMPERATURE", None, float),
+    parser.add_argument("--temperature", type=number_at_least_zero,
+                        default=env_default("OCR_API_TEMPERATURE", None, number_at_least_zero),
                         help="first attempt's temperature (env OCR_API_TEMPERATURE; default: the served family's)")
-    parser.add_argument("--timeout", type=float, default=READ_TIMEOUT_S,
+    parser.add_argument("--timeout", type=positive_number, default=READ_TIMEOUT_S,
                         help=f"seconds to wait for one page's answer (default {READ_TIMEOUT_S:g})")
     return parser
 

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 
 from ..grounding import DROPPABLE
-from ..settings import env_default
+from ..settings import env_default, positive_int, positive_number
 
 FETCH_ENV = "OCR_API_FETCH"  # 1: remote http(s) documents are fetched by the API (off: no server-side fetching)
 MAX_PAGES_ENV, MAX_MB_ENV = "OCR_API_MAX_PAGES", "OCR_API_MAX_MB"
@@ -52,8 +52,8 @@ class Limits:
 
     @classmethod
     def from_env(cls) -> Limits:
-        return cls(env_default(MAX_PAGES_ENV, DEFAULT_MAX_PAGES, int),
-                   int(env_default(MAX_MB_ENV, DEFAULT_MAX_MB, float) * 10**6),
+        return cls(env_default(MAX_PAGES_ENV, DEFAULT_MAX_PAGES, positive_int),
+                   int(env_default(MAX_MB_ENV, DEFAULT_MAX_MB, positive_number) * 10**6),
                    os.environ.get(FETCH_ENV, "").strip().lower() in ("1", "true", "yes", "on"))
 
 

@@ -76,18 +76,14 @@ from ..settings import (
     add_server_arguments,
     api_key_from_env,
     flag_type,
+    fraction,
+    number_at_least_zero,
     positive_int,
+    positive_number,
 )
 
 SUMMARY = "run-summary.json"
 DISK_FULL_ADVICE = "free space and rerun the same command: every page written so far is kept"
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
-    return value
 
 
 def summary_name(shard_of: tuple[int, int] | None) -> str:
@@ -117,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="processes preparing pages (default: CPU cores - 1, at most 8)")
     add_conversion_arguments(parser)
     parser.add_argument("--encoding", choices=("PNG", "JPEG"), default="PNG", help="page encoding sent (default PNG)")
-    parser.add_argument("--max-file-mb", type=positive_float, default=1024,
+    parser.add_argument("--max-file-mb", type=positive_number, default=1024,
                         help="skip files larger than this many MB (10^6 bytes; default 1024)")
     parser.add_argument("--grounding", action="store_true",
                         help="LightOnOCR-3's grounding mode: per page, its layout blocks with boxes "
@@ -129,14 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--force", action="store_true", help="convert every page again, even those already done")
     parser.add_argument("--redo-flagged", action="store_true",
                         help="also convert again the pages flagged in earlier runs (cut or looping)")
-    parser.add_argument("--timeout", type=float, default=READ_TIMEOUT_S,
+    parser.add_argument("--timeout", type=positive_number, default=READ_TIMEOUT_S,
                         help=f"seconds allowed per request (default {READ_TIMEOUT_S:g})")
-    parser.add_argument("--server-wait", type=float, default=180.0,
+    parser.add_argument("--server-wait", type=number_at_least_zero, default=180.0,
                         help="how long to wait for a server that stopped answering before ending the run "
                              "(default 180: a restart on a GPU takes 2-3 minutes)")
-    parser.add_argument("--drain-timeout", type=float, default=60.0,
+    parser.add_argument("--drain-timeout", type=number_at_least_zero, default=60.0,
                         help="after Ctrl-C, seconds pages in flight may take to finish (default 60)")
-    parser.add_argument("--max-failed-rate", type=float, default=0.0,
+    parser.add_argument("--max-failed-rate", type=fraction, default=0.0,
                         help="exit 1 when failed pages and unreadable files exceed this fraction (default 0)")
     parser.add_argument("--quiet", action="store_true", help="log lines (one per document) instead of a progress bar")
     return parser

@@ -59,7 +59,7 @@ import sys
 
 from ocr_bundle import tls
 from ocr_bundle.exposure import ADMIN_KEY_ENV, KEY_ENV
-from ocr_bundle.settings import ROUTER_METRICS_PORT, env_default
+from ocr_bundle.settings import ROUTER_METRICS_PORT, env_default, port_number, positive_int
 
 DEFAULT_REQUEST_TIMEOUT_S = 300
 ADMIN_KEY_ID = "bundle-admin"  # SMG's control-plane key entry: id:name:role:key
@@ -105,12 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=f"Run SMG with the bundle's failover settings ({KEY_ENV} and "
                                                  f"{ADMIN_KEY_ENV} from the environment).")
     parser.add_argument("--host", default=env_default("HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=env_default("PORT", 8000, int))
-    parser.add_argument("--metrics-port", type=int, default=env_default("ROUTER_METRICS_PORT", ROUTER_METRICS_PORT, int),
+    parser.add_argument("--port", type=port_number, default=env_default("PORT", 8000, port_number))
+    parser.add_argument("--metrics-port", type=port_number,
+                        default=env_default("ROUTER_METRICS_PORT", ROUTER_METRICS_PORT, port_number),
                         help=f"its Prometheus metrics on 127.0.0.1 (env ROUTER_METRICS_PORT; default "
                              f"{ROUTER_METRICS_PORT})")
-    parser.add_argument("--request-timeout", type=int,
-                        default=env_default("ROUTER_REQUEST_TIMEOUT", DEFAULT_REQUEST_TIMEOUT_S, int),
+    parser.add_argument("--request-timeout", type=positive_int,
+                        default=env_default("ROUTER_REQUEST_TIMEOUT", DEFAULT_REQUEST_TIMEOUT_S, positive_int),
                         help=f"seconds before the gateway gives up on a server's answer and retries elsewhere (env "
                              f"ROUTER_REQUEST_TIMEOUT; default {DEFAULT_REQUEST_TIMEOUT_S}: the worst page, see above)")
     parser.add_argument("--dry-run", action="store_true", help="print the gateway's arguments, start nothing")

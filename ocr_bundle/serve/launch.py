@@ -32,6 +32,10 @@ from ocr_bundle.settings import (
     MODEL_ID,
     PAGE_PROMPT_TOKENS,
     env_default,
+    port_number,
+    positive_fraction,
+    positive_int,
+    positive_number,
     refuse_secret_on_command_line,
 )
 
@@ -56,31 +60,34 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
     parser.add_argument("--host", default=env_default("HOST", "127.0.0.1"),
                         help="interface to bind (env HOST; default 127.0.0.1 — use 0.0.0.0 to serve other machines, "
                              "with an API key)")
-    parser.add_argument("--port", type=int, default=env_default("PORT", 8000, int), help="port (env PORT; default 8000)")
+    parser.add_argument("--port", type=port_number, default=env_default("PORT", 8000, port_number),
+                        help="port (env PORT; default 8000)")
     # The key: VLLM_API_KEY from the environment only (a command line is visible to every user).
     refuse_secret_on_command_line(parser)
     parser.add_argument("--allow-open-api", action="store_true",
                         default=env_default("ALLOW_OPEN_API", False, lambda v: v.lower() in ("1", "true", "yes")),
                         help="serve beyond loopback without an API key, on purpose (env ALLOW_OPEN_API=1)")
-    parser.add_argument("--gpu-memory-utilization", type=float,
-                        default=env_default("GPU_MEMORY_UTILIZATION", 0.9, float),
+    parser.add_argument("--gpu-memory-utilization", type=positive_fraction,
+                        default=env_default("GPU_MEMORY_UTILIZATION", 0.9, positive_fraction),
                         help="fraction of GPU memory vLLM reserves at start for weights + KV cache, whatever the "
                              "load (env GPU_MEMORY_UTILIZATION; default 0.9). The 1B model needs ~2 GB of weights; "
                              "lower this to share the GPU, but it caps the KV cache and so the batch size")
     parser.add_argument("--family", default=env_default("MODEL_FAMILY", "auto"),
                         help="the model family, when its name does not say it (env MODEL_FAMILY; default auto: "
                              f"from the hub id or the checkpoint; {', '.join(f.name for f in FAMILIES)})")
-    parser.add_argument("--max-model-len", type=int, default=env_default("MAX_MODEL_LEN", None, int),
+    parser.add_argument("--max-model-len", type=positive_int, default=env_default("MAX_MODEL_LEN", None, positive_int),
                         help=f"prompt + output tokens per request (env MAX_MODEL_LEN; default: the family's, "
                              f"{DEFAULT_MAX_MODEL_LEN} for 2-1B, 16384 for 3-1B). "
                              f"A 1540 px page costs ~{PAGE_PROMPT_TOKENS} prompt tokens, so 4096 leaves under 2,000 "
                              f"output tokens: too few for a dense page at max_tokens {MAX_OUTPUT_TOKENS}")
-    parser.add_argument("--max-num-seqs", type=int, default=env_default("MAX_NUM_SEQS", None, int),
+    parser.add_argument("--max-num-seqs", type=positive_int, default=env_default("MAX_NUM_SEQS", None, positive_int),
                         help="most requests decoded together (env MAX_NUM_SEQS; default: vLLM's)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=env_default("MAX_NUM_BATCHED_TOKENS", None, int),
+    parser.add_argument("--max-num-batched-tokens", type=positive_int,
+                        default=env_default("MAX_NUM_BATCHED_TOKENS", None, positive_int),
                         help="token budget per engine step (env MAX_NUM_BATCHED_TOKENS; default: vLLM's). Larger "
                              "speeds up prefill of many pages but needs memory headroom")
-    parser.add_argument("--max-pages-in-flight", type=int, default=env_default("MAX_PAGES_IN_FLIGHT", None, int),
+    parser.add_argument("--max-pages-in-flight", type=positive_int,
+                        default=env_default("MAX_PAGES_IN_FLIGHT", None, positive_int),
                         help="size GPU memory for the load instead of taking a fixed fraction (env "
                              "MAX_PAGES_IN_FLIGHT): reserve KV cache for N pages of ~"
                              f"{PAGE_PROMPT_TOKENS} prompt + {MAX_OUTPUT_TOKENS} output tokens and decode "
@@ -100,7 +107,7 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
                              "the bundle's patch). auto: on with a bf16 KV cache and FlashAttention on Hopper, "
                              "where it was measured together with 128-token KV blocks (+4-7%% pages/s on H200). "
                              "It compiles when the engine encodes its first image (15-45 s)")
-    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+    parser.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=None,
                         help="split the model over N GPUs (rarely useful for a 1B model)")
     parser.add_argument("--data-parallel-size", "-dp", default=env_default("DATA_PARALLEL_SIZE", "auto"),
                         help="engine replicas on this node, one per GPU, behind one API server: the way to scale a "
@@ -129,7 +136,8 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default=env_default("VLLM_DEVICE", "auto"),
                         help="auto: the CPU backend when vLLM's CPU build is installed, else the GPU "
                              "(env VLLM_DEVICE; default auto)")
-    parser.add_argument("--cpu-kv-cache-gb", type=float, default=env_default("VLLM_CPU_KVCACHE_SPACE", 2.0, float),
+    parser.add_argument("--cpu-kv-cache-gb", type=positive_number,
+                        default=env_default("VLLM_CPU_KVCACHE_SPACE", 2.0, positive_number),
                         help="CPU backend only: GiB of RAM for the KV cache (env VLLM_CPU_KVCACHE_SPACE; default 2)")
     parser.add_argument("--dry-run", action="store_true", help="print the vLLM command and environment, start nothing")
     return parser

@@ -60,6 +60,7 @@ from pathlib import Path
 from ocr_bundle import prometheus, tls
 from ocr_bundle.exposure import ADMIN_KEY_ENV, KEY_ENV, is_all_interfaces, unreachable_from, url_host
 from ocr_bundle.serve.processes import read_pid_file
+from ocr_bundle.settings import number_at_least_zero, port_number, positive_number
 
 KEEP_INTERVAL_S = 5.0
 DRAIN_TIMEOUT_S = 60.0
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         command = commands.add_parser(name, help="print the URL the gateway reaches this server at" if name ==
                                       "advertise" else "refuse, before vLLM starts, what would fail once it runs")
         command.add_argument("--bind", required=True)
-        command.add_argument("--port", type=int, required=True)
+        command.add_argument("--port", type=port_number, required=True)
         command.add_argument("--gateway", required=True)
     members = commands.add_parser("members", help="print the servers in the gateway's pool")
     members.add_argument("--gateway", required=True)
@@ -308,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--server", required=True, help="this server's URL as the gateway reaches it")
         if name == "keep":
             command.add_argument("--pid-file", type=Path, required=True, help="the server's PID file")
-            command.add_argument("--interval", type=float, default=KEEP_INTERVAL_S)
-            command.add_argument("--drain-timeout", type=float, default=DRAIN_TIMEOUT_S,
+            command.add_argument("--interval", type=positive_number, default=KEEP_INTERVAL_S)
+            command.add_argument("--drain-timeout", type=number_at_least_zero, default=DRAIN_TIMEOUT_S,
                                  help="on stop, seconds to wait for the server's requests after leaving")
     args = parser.parse_args(argv)
     if args.command == "advertise":

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocr_bundle import tls
+from ocr_bundle.settings import number_at_least_zero, positive_int, positive_number
 
 POLL_S = 0.2
 KILL_WAIT_S = 5.0
@@ -276,26 +277,27 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     record = commands.add_parser("record", help="write PID and start time of a started service")
     record.add_argument("pid_file", type=Path, help="where to write them")
-    record.add_argument("pid", type=int, help="the service's PID (its process group id)")
+    record.add_argument("pid", type=positive_int, help="the service's PID (its process group id)")
     running = commands.add_parser("running", help="exit 0 and print the PID if the recorded service runs")
     running.add_argument("pid_file", type=Path, help="the service's PID file")
     ready = commands.add_parser("wait-ready", help="wait until URL answers, while the recorded service lives")
     ready.add_argument("url", help="what to poll, e.g. http://127.0.0.1:8000/health")
     ready.add_argument("--pid-file", type=Path, required=True, help="the service's PID file")
-    ready.add_argument("--timeout", type=float, default=900, help="seconds before giving up (default 900)")
+    ready.add_argument("--timeout", type=positive_number, default=900, help="seconds before giving up (default 900)")
     ready.add_argument("--accept", default="200", help="HTTP codes that mean up, comma-separated (default 200)")
     ready.add_argument("--name", default="the service", help="name used in messages")
     holder = commands.add_parser("hold-record", help="name the holder of a RUN_DIR lock in its lock file")
     holder.add_argument("lock_file", type=Path)
     holder.add_argument("what", choices=("start", "stop"))
-    holder.add_argument("pid", type=int)
+    holder.add_argument("pid", type=positive_int)
     signal_it = commands.add_parser("signal-holder", help="signal the process a RUN_DIR lock file names, if still it")
     signal_it.add_argument("lock_file", type=Path)
     signal_it.add_argument("signal", choices=("TERM", "INT"))
     halt = commands.add_parser("stop", help="stop the recorded service's process group, remove the PID file")
     halt.add_argument("pid_file", type=Path, help="the service's PID file")
     halt.add_argument("--name", default="service", help="name used in messages")
-    halt.add_argument("--grace", type=float, default=30.0, help="seconds between TERM and escalation (default 30)")
+    halt.add_argument("--grace", type=number_at_least_zero, default=30.0,
+                      help="seconds between TERM and escalation (default 30)")
     args = parser.parse_args(argv)
 
     if args.command == "record":

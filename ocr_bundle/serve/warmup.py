@@ -27,7 +27,7 @@ from ..client import OcrClient, OcrError, build_chat_request
 from ..images import prepare_image_bytes
 from ..loadtest.pollers import engine_count
 from ..samples import sample_path
-from ..settings import READ_TIMEOUT_S
+from ..settings import READ_TIMEOUT_S, positive_number
 
 WARMUP_PAGE = sample_path("english_a4_document.png")  # a full A4 page: the encoder's usual shape
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=None, help="the vLLM server (env VLLM_URL; default http://127.0.0.1:8000)")
     parser.add_argument("--image", type=Path, default=WARMUP_PAGE)
-    parser.add_argument("--timeout", type=float, default=READ_TIMEOUT_S,
+    parser.add_argument("--timeout", type=positive_number, default=READ_TIMEOUT_S,
                         help=f"seconds per page (default {READ_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
     # The start script's own check: this machine's TLS (TLS_CA, and its certificate, which a server
