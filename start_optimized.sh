@@ -82,6 +82,12 @@ on_or_off() {  # on_or_off NAME VALUE: on or off, or refuse before anything star
        return 2 ;;
   esac
 }
+# This script's own numbers (bash computes PORT+1; the waits go to processes.py), refused before anything starts.
+if ! problems=$(check_numbers PORT=port_number UI_PORT=port_number OCR_API_PORT=port_number SERVER_PORT=port_number \
+                ROUTER_METRICS_PORT=port_number STARTUP_TIMEOUT=positive_number UI_TIMEOUT=positive_number 2>&1); then
+  echo "[start] ERROR: ${problems//$'\n'/; }; nothing was started" >&2
+  exit 2
+fi
 UI=$(on_or_off UI "${UI:-on}") || exit 2
 OCR_API=$(on_or_off OCR_API "${OCR_API:-on}") || exit 2
 # Paths made absolute: the services keep them whatever their working folder.

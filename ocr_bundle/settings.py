@@ -164,6 +164,26 @@ number_at_least_zero = number_type(float, lambda value: value >= 0, "a number, 0
 fraction = number_type(float, lambda value: 0 <= value <= 1, "a fraction from 0 to 1")
 positive_fraction = number_type(float, lambda value: 0 < value <= 1, "a fraction above 0, at most 1")
 port_number = number_type(int, lambda value: 1 <= value <= 65535, "a port from 1 to 65535")
+# By name, for the shell scripts' own variables: python3 -m ocr_bundle.settings check PORT=port_number ...
+RANGES = {"positive_int": positive_int, "int_at_least_zero": int_at_least_zero, "positive_number": positive_number,
+          "number_at_least_zero": number_at_least_zero, "fraction": fraction, "positive_fraction": positive_fraction,
+          "port_number": port_number}
+
+
+def out_of_range(checks: list[str], environ: Mapping[str, str]) -> list[str]:
+    """For each NAME=RANGE, a line when the variable is set (not empty) and out of that range. The start and
+    stop scripts check their variables this way before any arithmetic of bash's or any start: the ranges of
+    their numbers are those of the programs' flags."""
+    problems = []
+    for check in checks:
+        name, _, range_name = check.partition("=")
+        value = environ.get(name, "")
+        try:
+            if value:
+                RANGES[range_name](value)
+        except argparse.ArgumentTypeError as exc:
+            problems.append(f"{name} {exc}")
+    return problems
 
 
 def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,3 +199,14 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dpi", type=positive_int, default=PDF_RENDER_DPI,
                         help=f"PDF rendering resolution (default {PDF_RENDER_DPI}; the longest edge is capped at "
                              f"{TARGET_LONGEST_EDGE} px either way)")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] != ["check"] or not all(arg.partition("=")[2] in RANGES for arg in sys.argv[2:]):
+        sys.exit(f"usage: python3 -m ocr_bundle.settings check NAME=RANGE... (RANGE: {', '.join(RANGES)})")
+    found = out_of_range(sys.argv[2:], os.environ)
+    for problem in found:
+        print(problem, file=sys.stderr)
+    sys.exit(2 if found else 0)

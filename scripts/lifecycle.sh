@@ -14,9 +14,12 @@ done
 
 RUN_DIR_DEFAULT="$ROOT/run"
 RUN_DIR="${RUN_DIR:-$RUN_DIR_DEFAULT}"
+# check_numbers NAME=RANGE...: the variables' ranges, those of the programs' flags (ocr_bundle/settings.py);
+# each one out of range said on stderr, status 2.
+check_numbers() { PYTHONPATH="$ROOT" python3 -m ocr_bundle.settings check "$@"; }
 STOP_GRACE="${STOP_GRACE:-30}"
-if [[ ! "$STOP_GRACE" =~ ^[0-9]+$ ]]; then
-  echo "ERROR: STOP_GRACE must be whole seconds (like 30), not '$STOP_GRACE'; nothing was started or stopped" >&2
+if ! problem=$(check_numbers STOP_GRACE=int_at_least_zero 2>&1); then  # whole seconds: bash adds to it
+  echo "ERROR: $problem (seconds); nothing was started or stopped" >&2
   exit 2
 fi
 

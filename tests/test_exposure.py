@@ -65,7 +65,11 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     ({"JOIN": "http://192.0.2.1:8000", "HOST": "0.0.0.0", "VLLM_API_KEY": "k", "ROUTER_ADMIN_KEY": "a"},
      "refusing to serve the vLLM API on 0.0.0.0 in plain HTTP"),
     ({"TLS_CERT": "/nowhere/cert.pem"}, "TLS_CERT and TLS_KEY go together"),
-    ({"STOP_GRACE": "2.5"}, "STOP_GRACE must be whole seconds"),
+    ({"STOP_GRACE": "2.5"}, "STOP_GRACE must be a whole number, 0 or more, not '2.5'"),
+    ({"PORT": "99999"}, "PORT must be a port from 1 to 65535, not '99999'"),  # went to vLLM's argv
+    ({"ROUTER": "on", "PORT": "http"}, "PORT must be a port from 1 to 65535, not 'http'"),  # before bash's PORT + 1
+    ({"STARTUP_TIMEOUT": "15m", "UI_PORT": "0"},
+     "UI_PORT must be a port from 1 to 65535, not '0'; STARTUP_TIMEOUT must be a number above 0, not '15m'"),
 ])
 def test_the_start_script_refuses_an_unprotected_address_before_starting_anything(tmp_path, env, message):
     run_dir = tmp_path / "run"
@@ -90,7 +94,7 @@ def test_the_start_script_explains_a_wrong_multi_machine_setting_before_starting
 
 def test_the_stop_script_refuses_a_grace_it_cannot_use_and_stops_nothing(tmp_path):
     done = run([str(ROOT / "stop_optimized.sh")], {"RUN_DIR": str(tmp_path), "STOP_GRACE": "2.5"})
-    assert done.returncode == 2 and "STOP_GRACE must be whole seconds" in done.stderr
+    assert done.returncode == 2 and "STOP_GRACE must be a whole number, 0 or more, not '2.5'" in done.stderr
 
 
 def test_the_launcher_refuses_an_unprotected_address_and_accepts_an_explicit_opt_out(tmp_path):

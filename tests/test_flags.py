@@ -1,12 +1,15 @@
 """Every number a person types into the bundle's programs, as a flag or as its environment variable, is
 checked against its range by one set of types (ocr_bundle/settings.py) before anything starts: a typo
 ends the program in one line that names the flag, instead of reaching vLLM's argv, a KV cache sized from
-a negative page count, a busy loop or a timeout of -1 s. No server here: parsing happens first."""
+a negative page count, a busy loop or a timeout of -1 s. The start and stop scripts check their own
+variables by the same ranges (tests/test_exposure.py runs them). No server here: parsing happens first."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +19,8 @@ import stress_test
 from ocr_bundle.api import __main__ as document_api
 from ocr_bundle.batch import cli as converter
 from ocr_bundle.serve import gateway, launch, membership, processes, warmup
-from ocr_bundle.settings import (env_default, fraction, int_at_least_zero, number_at_least_zero, port_number,
-                                 positive_fraction, positive_int, positive_number)
+from ocr_bundle.settings import (env_default, fraction, int_at_least_zero, number_at_least_zero, out_of_range,
+                                 port_number, positive_fraction, positive_int, positive_number)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,3 +125,17 @@ def test_no_program_takes_a_number_without_its_range():
     """The rule lives in one place; a new flag typed `int` or `float` would leave it."""
     assert len(programs()) > 20
     assert [line for path in programs() for line in unranged_numbers(path)] == []
+
+
+def test_the_scripts_variables_are_checked_by_the_same_ranges(monkeypatch):
+    """start_optimized.sh and stop_optimized.sh check their own numbers (PORT, STARTUP_TIMEOUT, STOP_GRACE ...)
+    through `python3 -m ocr_bundle.settings check`: unset or empty is the script's default, a bad one is said."""
+    environ = {"PORT": "8000", "UI_PORT": "", "STARTUP_TIMEOUT": "-5", "STOP_GRACE": "2.5"}
+    assert out_of_range(["PORT=port_number", "UI_PORT=port_number", "OCR_API_PORT=port_number",
+                         "STARTUP_TIMEOUT=positive_number", "STOP_GRACE=int_at_least_zero"], environ) == [
+        "STARTUP_TIMEOUT must be a number above 0, not '-5'", "STOP_GRACE must be a whole number, 0 or more, not '2.5'"]
+    check = [sys.executable, "-m", "ocr_bundle.settings", "check"]
+    said = subprocess.run([*check, "PORT=port_number"], cwd=ROOT, env={"PORT": "70000"}, capture_output=True, text=True)
+    assert said.returncode == 2 and said.stderr == "PORT must be a port from 1 to 65535, not '70000'\n"
+    typo = subprocess.run([*check, "PORT=port"], cwd=ROOT, env={}, capture_output=True, text=True)
+    assert typo.returncode == 1 and "usage:" in typo.stderr and "port_number" in typo.stderr
