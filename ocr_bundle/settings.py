@@ -178,9 +178,10 @@ def out_of_range(checks: list[str], environ: Mapping[str, str]) -> list[str]:
     for check in checks:
         name, _, range_name = check.partition("=")
         value = environ.get(name, "")
+        if not value:  # unset or empty: the script's default
+            continue
         try:
-            if value:
-                RANGES[range_name](value)
+            RANGES[range_name](value)
         except argparse.ArgumentTypeError as exc:
             problems.append(f"{name} {exc}")
     return problems

@@ -114,10 +114,14 @@ def unranged_numbers(path: Path) -> list[str]:
         if not isinstance(node, ast.Call):
             continue
         name = getattr(node.func, "attr", getattr(node.func, "id", ""))
-        types = [k.value for k in node.keywords if k.arg == "type"] if name == "add_argument" else \
-            node.args[2:3] + [k.value for k in node.keywords if k.arg == "cast"] if name == "env_default" else []
-        found += [f"{path.relative_to(ROOT)}:{node.lineno} {name}(... {t.id})" for t in types
-                  if isinstance(t, ast.Name) and t.id in ("int", "float")]
+        if name == "add_argument":
+            converters = [k.value for k in node.keywords if k.arg == "type"]
+        elif name == "env_default":  # env_default(NAME, fallback, cast)
+            converters = node.args[2:3] + [k.value for k in node.keywords if k.arg == "cast"]
+        else:
+            continue
+        found += [f"{path.relative_to(ROOT)}:{node.lineno} {name}(... {c.id})" for c in converters
+                  if isinstance(c, ast.Name) and c.id in ("int", "float")]
     return found
 
 
