@@ -49,7 +49,8 @@ from ocr_bundle.loadtest.pollers import (
     open_gpu_probe,
     per_server_stats,
 )
-from ocr_bundle.loadtest.replay import Replayer, Workload, calculate_metrics, load_workloads, sustained_rate
+from ocr_bundle.loadtest.replay import Replayer, Workload, calculate_metrics, load_workloads
+from ocr_bundle.loadtest.sustained import sustained_rate
 from ocr_bundle.loadtest.report import aligned_table, client_verdict, compare, write_reports
 from ocr_bundle.progress import progress_bar
 from ocr_bundle.samples import find_images
@@ -93,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "default 0: --requests only")
     parser.add_argument("--ramp", type=number_at_least_zero, default=0.0, metavar="SECONDS",
                         help="spread each level's first sends over this many seconds (about one page's latency) "
-                             "and report the sustained pages/s: every slot busy, arrivals spread, no drain; "
+                             "and report the sustained pages/s: every slot busy, arrivals spread, no drain (it opens a page's "
+                             "latency after the ramp: give it ~4x the concurrency in requests); "
                              "identical pages sent at once are answered in waves (default 0: all at once)")
     parser.add_argument("--warmup", type=int_at_least_zero, default=2,
                         help="unmeasured requests before the first level (default 2)")

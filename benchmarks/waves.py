@@ -10,7 +10,9 @@ and the last N - C start as those end and finish with fewer than C in flight. It
 kept at C pages in flight, which is what a long conversion sees. Per level this prints the
 run's pages/s, the first wave's own rate (C pages over the time its last one ended), and the
 drain: the share of the run after the last request started, and how many were in flight 5 s
-before the end.
+before the end. Where the run had a stretch with every slot busy after spread sends (stress_test.py
+--ramp, or any run at c=1) it adds that sustained rate, by the stress test's own rule (ocr_bundle.loadtest.sustained): that
+recomputes it for reports saved before the rule's window was corrected (2026-12-03).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ocr_bundle.loadtest.sustained import sustained_rate  # noqa: E402  (standard library only)
 
 
 def in_flight(requests: list[dict], at: float) -> int:
@@ -30,7 +36,8 @@ def waves(results: dict) -> list[dict]:
     rows = []
     for level in results["levels"]:
         concurrency = level["concurrency"]
-        done = [r for r in results["requests"] if r["concurrency"] == concurrency and r.get("ok")]
+        sent = [r for r in results["requests"] if r["concurrency"] == concurrency]
+        done = [r for r in sent if r.get("ok")]
         if len(done) < concurrency:  # no full first wave to speak of
             continue
         ends = sorted(r["end_s"] for r in done)
@@ -42,6 +49,7 @@ def waves(results: dict) -> list[dict]:
             "first_wave_pages_per_s": concurrency / ends[concurrency - 1],
             "drain_share": (last_end - last_start) / last_end,
             "in_flight_5s_before_end": in_flight(done, last_end - 5.0),
+            "sustained": sustained_rate([SimpleNamespace(**r) for r in sent], concurrency),
         })
     return rows
 
@@ -60,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             print(f"{name}: c={row['concurrency']} {row['pages']} pages, {row['pages_per_s']:.2f} pages/s; "
                   f"first wave {row['first_wave_pages_per_s']:.2f} pages/s; drain {row['drain_share']:.0%} of the run, "
-                  f"{row['in_flight_5s_before_end']} in flight 5 s before the end")
+                  f"{row['in_flight_5s_before_end']} in flight 5 s before the end"
+                  + (f"; sustained {row['sustained']['pages_per_s']:.2f} pages/s over {row['sustained']['pages']} pages"
+                     if row["sustained"] else ""))
     return 0
 
 

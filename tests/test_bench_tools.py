@@ -217,20 +217,27 @@ def test_serve_env_gives_a_set_with_flashinfer_its_ninja_and_nvcc_and_a_set_with
 
 def test_waves_splits_a_saturation_run_into_its_first_wave_and_its_drain(tmp_path: Path) -> None:
     """benchmarks/waves.py on a run of 6 pages at concurrency 4: four start together and end at 10 s, two start then
-    and end at 15 s. Whole run 0.4 pages/s, first wave 4 / 10 s, drain the last third with 2 in flight; a level
-    without a full first wave has no row, and a file that is no results.json is refused (exit 2)."""
+    and end at 15 s. Whole run 0.4 pages/s, first wave 4 / 10 s, drain the last third with 2 in flight, no sustained
+    stretch; a level without a full first wave has no row, and a file that is no results.json is refused (exit 2).
+    A ramped level at concurrency 2 (sends at 0 and 1 s, then one as each 2-s page is answered) adds its sustained
+    rate by the stress test's rule: from 4 s (the first answer to a page sent with both slots busy) to 7 s (the
+    last send), two pages and a failure answered."""
     first = [{"concurrency": 4, "ok": True, "start_s": 0.0, "end_s": 10.0}] * 4
     drain = [{"concurrency": 4, "ok": True, "start_s": 10.0, "end_s": 15.0}] * 2
     lone = [{"concurrency": 8, "ok": True, "start_s": 20.0, "end_s": 21.0}]
-    results = {"levels": [{"concurrency": 4, "pages_per_s": 6 / 15}, {"concurrency": 8, "pages_per_s": 1.0}],
-               "requests": first + drain + lone}
+    ramped = [{"concurrency": 2, "ok": start != 5.0, "start_s": start, "end_s": start + 2.0} for start in range(8)]
+    results = {"levels": [{"concurrency": 4, "pages_per_s": 6 / 15}, {"concurrency": 8, "pages_per_s": 1.0},
+                          {"concurrency": 2, "pages_per_s": 7 / 9}],
+               "requests": first + drain + lone + ramped}
     path = tmp_path / "run-c4" / "results.json"
     path.parent.mkdir()
     path.write_text(json.dumps(results))
     shown = subprocess.run([PYTHON, "benchmarks/waves.py", str(path)], cwd=ROOT, capture_output=True, text=True,
                            timeout=60, check=True).stdout.splitlines()
     assert shown == ["run-c4: c=4 6 pages, 0.40 pages/s; first wave 0.40 pages/s; drain 33% of the run, "
-                     "2 in flight 5 s before the end"]
+                     "2 in flight 5 s before the end",
+                     "run-c4: c=2 7 pages, 0.78 pages/s; first wave 0.67 pages/s; drain 22% of the run, "
+                     "2 in flight 5 s before the end; sustained 0.67 pages/s over 2 pages"]
     refused = subprocess.run([PYTHON, "benchmarks/waves.py", str(ROOT / "README.md")], cwd=ROOT,
                              capture_output=True, text=True, timeout=60, check=False)
     assert refused.returncode == 2 and "not a stress test's results.json" in refused.stderr

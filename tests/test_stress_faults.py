@@ -66,14 +66,14 @@ def test_a_model_the_server_does_not_serve_is_refused_before_any_request(tmp_pat
 
 def test_a_ramp_spreads_the_first_sends_and_reports_the_sustained_rate(tmp_path, capsys):
     """--ramp 0.4 at concurrency 4 with pages of 0.6 s: the first four sends leave ~0.1 s apart, not together,
-    and the level reports the pages answered per second between the first answer and the last send; without
-    it, none."""
+    and the level reports the pages answered per second from the first answer to a page sent with every slot
+    busy to the last send; without it, none."""
     def slow(request):
         time.sleep(0.6)
         return Reply()
 
     with ScriptedServer(responder=slow) as server:
-        assert stress(server.url, tmp_path / "ramp", "--concurrency", "4", "--requests", "16", "--ramp", "0.4") == 0
+        assert stress(server.url, tmp_path / "ramp", "--concurrency", "4", "--requests", "32", "--ramp", "0.4") == 0
         assert stress(server.url, tmp_path / "at-once", "--concurrency", "4", "--requests", "8") == 0
     report = json.loads((tmp_path / "ramp" / "results.json").read_text())
     level = report["levels"][0]

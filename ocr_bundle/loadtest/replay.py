@@ -65,23 +65,6 @@ def group_errors(results: list[RequestResult]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
-def sustained_rate(results: list[RequestResult], concurrency: int) -> dict | None:
-    """Pages answered per second while every slot was busy and arrivals had spread: from the later
-    of the ramp's end (the `concurrency`-th send) and the first answer, to the last send (after it
-    the run drains with fewer in flight). The rate of a run of identical pages sent at once is
-    not this: they are answered in waves (benchmarks/waves.py). None without two answers inside."""
-    if len(results) <= concurrency:
-        return None
-    starts = sorted(r.start_s for r in results)
-    window_start = max(starts[concurrency - 1], min(r.end_s for r in results))
-    window_end = starts[-1]
-    answered = [r for r in results if r.ok and window_start < r.end_s <= window_end]
-    if window_end <= window_start or len(answered) < 2:
-        return None
-    return {"pages_per_s": len(answered) / (window_end - window_start), "pages": len(answered),
-            "window_s": [window_start, window_end]}
-
-
 @dataclass
 class LevelMetrics:
     concurrency: int
