@@ -8,6 +8,7 @@
 # SUSTAINED=1 adds a longer run at the same concurrency with its first sends spread over about one page's
 # latency (stress_test.py --ramp): its sustained pages/s is the rate with every slot busy, without the waves and
 # the drain of the 1.5-wave run the figures have always come from (benchmarks/waves.py). ~2 minutes more.
+# BURST=0 (with SUSTAINED=1) leaves out that 1.5-wave run: a round compared with others by its sustained rate.
 # FLASHINFER=1 makes FlashInfer importable from /root/site-flashinfer (benchmarks/stage_flashinfer.sh:
 # the version vLLM 0.26.0 pins), with its just-in-time builds' ninja and nvcc: the launcher then picks
 # it for an fp8 KV cache on Hopper, as on a box where `pip install -r requirements.txt` brought it. A set
@@ -45,10 +46,10 @@ echo "ready in $((SECONDS - start)) s (start_optimized.sh, warm-up page included
 grep -E "^\[start_vllm_server\]|LightOnOCR bundle patch|[Aa]ttention backend|Using .*backend|FlashInfer|XQA" \
   "$RUN_DIR/vllm.log" | cut -c1-300 | awk '!seen[$0]++' | head -n 24 | tee -a "$OUT/$name-start.txt" || true
 if [[ $kind == fp8 ]]; then
-  stress c512 --concurrency 512 --requests 768 --warmup 16
+  if [[ ${BURST:-1} == 1 ]]; then stress c512 --concurrency 512 --requests 768 --warmup 16; fi
   if [[ ${SUSTAINED:-0} == 1 ]]; then stress c512-sustained --concurrency 512 --requests 1536 --ramp 60 --warmup 0; fi
 else
-  stress c256 --concurrency 256 --requests 384 --warmup 16
+  if [[ ${BURST:-1} == 1 ]]; then stress c256 --concurrency 256 --requests 384 --warmup 16; fi
   if [[ ${SUSTAINED:-0} == 1 ]]; then stress c256-sustained --concurrency 256 --requests 1024 --ramp 40 --warmup 0; fi
   if [[ ${LONE:-1} == 1 ]]; then
     stress c1 --concurrency 1 --requests 6 --warmup 1
