@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ocr_bundle.serve import attention, tuning
-from ocr_bundle.serve.vllm_patches import COMPILE_ENV
+from ocr_bundle.serve.vllm_patches import COMPILE_ENV, DISABLE_ENV
 
 H200 = attention.GpuFacts(("9.0",), flashinfer_installed=True, nvcc="/usr/local/cuda/bin/nvcc")
 A100 = attention.GpuFacts(("8.0",), flashinfer_installed=True, nvcc="/usr/local/cuda/bin/nvcc")
@@ -27,6 +27,23 @@ def test_the_measured_setting_gets_both():
     # FlashAttention asked for by name is the same kernels.
     asked = tuning.choose("auto", "auto", "cuda", (), H200, attention.AttentionChoice("FLASH_ATTN", "asked"), {})
     assert asked.flags == ["--block-size", "128"]
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_the_encoder_stays_as_vllm_runs_it_where_the_bundles_patch_cannot_compile_it(kv):
+    """The encoder compiles only inside the bundle's patch: on a vLLM it is not verified on (0.34.0 logged
+    "compiled" while the patch stood aside), or with the patch off, the launcher says so and leaves it off."""
+    chosen = attention.choose("auto", kv, "cuda", (), H200, {})
+    newer = tuning.choose("auto", kv, "cuda", (), H200, chosen, {}, vllm_version="0.34.0")
+    assert newer.env == {COMPILE_ENV: "0"}
+    note = next(note for note in newer.notes if note.startswith("vision encoder"))
+    assert "verified on vLLM 0.26.0, not 0.34.0" in note and "compile_mm_encoder" in note
+    off = tuning.choose("on", kv, "cuda", (), H200, chosen, {DISABLE_ENV: "off"}, vllm_version="0.26.0")
+    assert off.env == {COMPILE_ENV: "0"} and f"patch is off ({DISABLE_ENV}=off)" in off.notes[1]
+    pinned = tuning.choose("auto", kv, "cuda", (), H200, chosen, {}, vllm_version="0.26.0")
+    assert pinned.env == {COMPILE_ENV: "1"} and "compiled with torch.compile" in pinned.notes[1]
+    # The rest of the profile does not depend on it.
+    assert newer.flags == pinned.flags
 
 
 def test_the_fp8_profile_with_flashinfer_compiles_the_encoder_keeps_vllms_blocks_and_runs_four_api_servers():

@@ -31,6 +31,8 @@ Where it was not measured, vLLM's defaults stay:
 - an fp8 KV cache with FlashAttention (FlashInfer missing or not chosen): the encoder stays eager.
 - GPUs other than Hopper: other attention kernels, other block constraints.
 - vLLM's CPU backend: the bundle's encoder patch does not apply to its vLLM.
+- a vLLM other than the patch's verified version (0.26.0), or the patch switched off: the encoder
+  compiles only inside the patch, so it runs as that vLLM runs it (the launcher says so).
 
 The compiled encoder costs one build, inside the engine, when it encodes its first image:
 15-44 s on an H200. start_optimized.sh sends a warm-up page per engine (ocr_bundle.serve.warmup)
@@ -43,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ocr_bundle.serve import attention
-from ocr_bundle.serve.vllm_patches import COMPILE_ENV
+from ocr_bundle.serve.vllm_patches import COMPILE_ENV, encoder_compile_unavailable
 
 COMPILE_CHOICES = ("auto", "on", "off")
 BLOCK_SIZE = 128  # tokens per KV-cache block; FlashAttention takes any multiple of 16
@@ -59,7 +61,8 @@ class Tuning:
 
 def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: Sequence[str],
            facts: attention.GpuFacts, attention_choice: attention.AttentionChoice | None,
-           environ: Mapping[str, str], engines: int = 1) -> Tuning:
+           environ: Mapping[str, str], engines: int = 1, vllm_version: str | None = None) -> Tuning:
+    """vllm_version: the vLLM that will serve, None when not known (a dry run beside another build)."""
     if device != "cuda":
         return Tuning()
     # The measured setting: bf16 KV cache, FlashAttention (vLLM's default on Hopper, or asked for).
@@ -82,9 +85,15 @@ def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: 
     else:
         notes.append(f"KV block size: vLLM's default ({BLOCK_SIZE} tokens {unmeasured})")
 
+    compile_wanted = compile_encoder == "on" or (compile_encoder == "auto" and (measured or fp8_flashinfer))
+    unavailable = encoder_compile_unavailable(vllm_version, environ) if compile_wanted else None
     if COMPILE_ENV in environ:
         notes.append(f"vision encoder: {COMPILE_ENV}={environ[COMPILE_ENV]}, as set in the environment")
-    elif compile_encoder == "on" or (compile_encoder == "auto" and (measured or fp8_flashinfer)):
+    elif unavailable:
+        env[COMPILE_ENV] = "0"
+        notes.append(f"vision encoder: as vLLM runs it ({unavailable}; vLLM's own compile, where the version has it: "
+                     "-- --compilation-config '{\"compile_mm_encoder\": true}')")
+    elif compile_wanted:
         env[COMPILE_ENV] = "1"
         notes.append("vision encoder: compiled with torch.compile when it encodes its first image (15-45 s, once "
                      "per start; start_optimized.sh does it before saying ready)")

@@ -155,6 +155,22 @@ def give_flash_attn_fake_the_kernels_layout() -> str:
     return "replaced"
 
 
+def switched_off(environ=os.environ) -> bool:
+    return environ.get(DISABLE_ENV, "").lower() in ("0", "off", "false", "no")
+
+
+def encoder_compile_unavailable(vllm_version: str | None, environ=os.environ) -> str | None:
+    """Why the bundle's compiled encoder cannot run, as far as is known before vLLM starts (the launcher's
+    note), or None. It compiles only inside the patch, which applies on the VERIFIED versions alone
+    (decide, below, checks their source again at start). None for an unknown version."""
+    if switched_off(environ):
+        return f"the bundle's encoder patch is off ({DISABLE_ENV}={environ[DISABLE_ENV]})"
+    if vllm_version is not None and vllm_version not in VERIFIED:
+        return (f"the bundle compiles it inside its encoder patch, verified on vLLM {', '.join(sorted(VERIFIED))}, "
+                f"not {vllm_version}")
+    return None
+
+
 def decide(vllm_version: str, fingerprint: str, packs_natively: bool) -> str | None:
     """Why the patch must not be applied, or None when it should be. Pure: tested as such."""
     if vllm_version not in VERIFIED:
@@ -173,7 +189,7 @@ def apply() -> str:
     global _applied
     if _applied is not None:
         return _applied
-    if os.environ.get(DISABLE_ENV, "").lower() in ("0", "off", "false", "no"):
+    if switched_off():
         _applied = f"disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]}"
         _log(_applied)
         return _applied
