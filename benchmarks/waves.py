@@ -10,9 +10,10 @@ and the last N - C start as those end and finish with fewer than C in flight. It
 kept at C pages in flight, which is what a long conversion sees. Per level this prints the
 run's pages/s, the first wave's own rate (C pages over the time its last one ended), and the
 drain: the share of the run after the last request started, and how many were in flight 5 s
-before the end. Where the run had a stretch with every slot busy after spread sends (stress_test.py
---ramp, or any run at c=1) it adds that sustained rate, by the stress test's own rule (ocr_bundle.loadtest.sustained): that
-recomputes it for reports saved before the rule's window was corrected (2026-12-03).
+before the end. Where the run had a stretch with every slot busy after spread sends
+(stress_test.py --ramp, or any run at c=1) it adds that sustained rate, by the stress test's own
+rule (ocr_bundle.loadtest.sustained): that recomputes it for reports saved before the rule's
+window was corrected (2026-12-03).
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
-"""The stress test (stress_test.py): replay and metrics (replay), the sustained rate (sustained), GPU memory and vLLM /metrics
-pollers (pollers), and its reports (report)."""
+"""The stress test (stress_test.py): replay and metrics (replay), the sustained rate (sustained),
+GPU memory and vLLM /metrics pollers (pollers), and its reports (report)."""

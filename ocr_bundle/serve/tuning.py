@@ -91,8 +91,8 @@ def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: 
         notes.append(f"vision encoder: {COMPILE_ENV}={environ[COMPILE_ENV]}, as set in the environment")
     elif unavailable:
         env[COMPILE_ENV] = "0"
-        notes.append(f"vision encoder: as vLLM runs it ({unavailable}; vLLM's own compile, where the version has it: "
-                     "-- --compilation-config '{\"compile_mm_encoder\": true}')")
+        notes.append(f"vision encoder: as vLLM runs it ({unavailable}; vLLM's own compile, where the version "
+                     "has it: -- --compilation-config '{\"compile_mm_encoder\": true}')")
     elif compile_wanted:
         env[COMPILE_ENV] = "1"
         notes.append("vision encoder: compiled with torch.compile when it encodes its first image (15-45 s, once "
