@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         facts = attention.probe(os.environ) if device == "cuda" else attention.GpuFacts()
         attention_choice = attention.choose(args.attention_backend, args.kv_cache_dtype, device, passthrough,
                                             facts, os.environ)
-        # The vLLM that will serve, when the one installed is it (a dry run for a GPU beside the CPU build: unknown).
-        serving_version = installed_vllm_version() if flavour == ("cpu" if device == "cpu" else "cuda") else None
+        # The vLLM that will serve a GPU, when the one installed is it (a dry run beside the CPU build: unknown).
+        serving_version = installed_vllm_version() if flavour == "cuda" else None
         tuned = tuning.choose(args.compile_encoder, args.kv_cache_dtype, device, passthrough, facts,
                               attention_choice, os.environ, plan.local, serving_version)
     except (LaunchError, ScaleOutError, attention.AttentionError, FamilyError) as exc:
