@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ocr_bundle.serve import attention, tuning
@@ -34,16 +36,64 @@ def test_the_encoder_stays_as_vllm_runs_it_where_the_bundles_patch_cannot_compil
     """The encoder compiles only inside the bundle's patch: on a vLLM it is not verified on (0.34.0 logged
     "compiled" while the patch stood aside), or with the patch off, the launcher says so and leaves it off."""
     chosen = attention.choose("auto", kv, "cuda", (), H200, {})
-    newer = tuning.choose("auto", kv, "cuda", (), H200, chosen, {}, vllm_version="0.34.0")
-    assert newer.env == {COMPILE_ENV: "0"}
+    newer = tuning.choose("auto", kv, "cuda", (), H200, chosen, {}, vllm_version="0.30.0")
+    assert newer.env == {COMPILE_ENV: "0"} and "--compilation-config" not in newer.flags
     note = next(note for note in newer.notes if note.startswith("vision encoder"))
-    assert "verified on vLLM 0.26.0, not 0.34.0" in note and "compile_mm_encoder" in note
+    assert "verified on vLLM 0.26.0, not 0.30.0" in note and "compile_mm_encoder" in note
     off = tuning.choose("on", kv, "cuda", (), H200, chosen, {DISABLE_ENV: "off"}, vllm_version="0.26.0")
     assert off.env == {COMPILE_ENV: "0"} and f"patch is off ({DISABLE_ENV}=off)" in off.notes[1]
     pinned = tuning.choose("auto", kv, "cuda", (), H200, chosen, {}, vllm_version="0.26.0")
     assert pinned.env == {COMPILE_ENV: "1"} and "compiled with torch.compile" in pinned.notes[1]
     # The rest of the profile does not depend on it.
     assert newer.flags == pinned.flags
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_vllm_0_34_gets_its_own_encoder_compile_and_graphs_where_the_pin_gets_the_bundles(kv):
+    """Every vLLM 0.34.0 figure (11.55 pages/s fp8 against 10.47 for the pin) ran with its own encoder switches on."""
+    chosen = attention.choose("auto", kv, "cuda", (), H200, {})
+    tuned = tuning.choose("auto", kv, "cuda", (), H200, chosen, {}, vllm_version="0.34.0")
+    at = tuned.flags.index("--compilation-config")
+    assert json.loads(tuned.flags[at + 1]) == {"compile_mm_encoder": True, "cudagraph_mm_encoder": True}
+    assert tuned.env == {COMPILE_ENV: "0"}  # the bundle's patch stands aside on 0.34.0
+    assert any(note.startswith("vision encoder: vLLM 0.34.0's own compile and CUDA graphs") for note in tuned.notes)
+    pinned = tuning.choose("auto", kv, "cuda", (), H200, chosen, {}, vllm_version="0.26.0")
+    assert tuned.flags[:at] + tuned.flags[at + 2:] == pinned.flags  # the rest of the profile is the pin's
+    # Where the pin's encoder stays eager, or the user said how, 0.34.0's does too.
+    assert "--compilation-config" not in tuning.choose("off", kv, "cuda", (), H200, chosen, {}, vllm_version="0.34.0").flags
+    kept = tuning.choose("auto", kv, "cuda", (), H200, chosen, {COMPILE_ENV: "0"}, vllm_version="0.34.0")
+    assert "--compilation-config" not in kept.flags and COMPILE_ENV not in kept.env
+
+
+# How vLLM's parser lets one say how it compiles (each one checked against it below).
+COMPILATION_SPELLINGS = [
+    ("--compilation-config", '{"compile_mm_encoder": false}'), ('--compilation_config={"mode": 0}',),
+    ("--compilation", "{}"), ("--compilation-config.cudagraph_mm_encoder", "false"),
+    ("-cc", "{}"), ('-cc={"mode": 0}',), ("-cc.compile_mm_encoder=false",),
+    ("-O0",), ("-O", "0"), ("-O.mode=0",), ("--optimization-level", "0"), ("--optimization_level=0",),
+    ("--enforce-eager",), ("--enforce_eager",),
+]
+
+
+@pytest.mark.parametrize("spelling", COMPILATION_SPELLINGS)
+def test_compilation_set_after_the_separator_wins_in_any_spelling_vllm_takes(spelling):
+    chosen = attention.choose("auto", "auto", "cuda", spelling, H200, {})
+    tuned = tuning.choose("auto", "auto", "cuda", spelling, H200, chosen, {}, vllm_version="0.34.0")
+    assert "--compilation-config" not in tuned.flags
+    assert "vision encoder: as the compilation flags after -- set it" in tuned.notes
+    # What is not a compilation flag leaves the launcher's choice.
+    other = ("--max-num-seqs", "64", "--served-model-name", "ocr")
+    assert not tuning.compilation_set_in_passthrough(other)
+
+
+@pytest.mark.needs_vllm
+def test_every_compilation_spelling_above_is_one_vllms_parser_takes():
+    from ocr_bundle.serve.launch import vllm_argument_parser
+
+    parser = vllm_argument_parser()
+    assert parser is not None
+    for spelling in COMPILATION_SPELLINGS:
+        parser.parse_args(["--model", "m", *spelling])  # a spelling it refuses exits, and fails the test
 
 
 def test_the_fp8_profile_with_flashinfer_compiles_the_encoder_keeps_vllms_blocks_and_runs_four_api_servers():

@@ -71,10 +71,13 @@ def passthrough_sets(passthrough: Sequence[str], *flags: str) -> bool:
 
 def passthrough_names(passthrough: Sequence[str], flag: str) -> bool:
     """Whether the vLLM flags after -- set `flag` in any spelling vLLM's parser takes: underscores for
-    dashes, or a unique prefix (argparse abbreviations: --api-server 2)."""
-    shortest = len(flag.split("-")[2]) + 3  # past the first word: --api-s, not --api (--api-key)
-    return any(len(name) > shortest and flag.startswith(name)
-               for name in (token.partition("=")[0].replace("_", "-") for token in passthrough if token.startswith("--")))
+    dashes, a unique prefix (argparse abbreviations: --api-server 2), or one key of it (--flag.key value)."""
+    # At least its first word (--compilation, --api): a shorter prefix is shared with other flags, and one
+    # that is ambiguous among vLLM's (--api: --api-key too) its parser refuses before the launcher gets here.
+    shortest = len(flag.split("-")[2]) + 2
+    names = (token.partition("=")[0].partition(".")[0].replace("_", "-") for token in passthrough
+             if token.startswith("--"))
+    return any(len(name) >= shortest and flag.startswith(name) for name in names)
 
 
 def set_in_passthrough(passthrough: Sequence[str]) -> bool:

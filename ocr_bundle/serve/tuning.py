@@ -31,8 +31,16 @@ Where it was not measured, vLLM's defaults stay:
 - an fp8 KV cache with FlashAttention (FlashInfer missing or not chosen): the encoder stays eager.
 - GPUs other than Hopper: other attention kernels, other block constraints.
 - vLLM's CPU backend: the bundle's encoder patch does not apply to its vLLM.
-- a vLLM other than the patch's verified version (0.26.0), or the patch switched off: the encoder
-  compiles only inside the patch, so it runs as that vLLM runs it (the launcher says so).
+- a vLLM other than the patch's verified version (0.26.0) or VLLM_ENCODER_GRAPHS (0.34.0), or the patch
+  switched off: the encoder compiles only inside the patch, so it runs as that vLLM runs it (the launcher
+  says so).
+
+vLLM 0.34.0 packs and compiles the encoder itself and captures it in CUDA graphs (vLLM PR #56277), each
+behind a switch that is off by default. Every 0.34.0 figure was measured with both on (docs/benchmarks.md,
+2026-12-03): with the fp8 profile 11.55 pages/s at concurrency 512, 12.21 sustained, against 10.47 and
+10.14 for 0.26.0's fp8 profile one run before on the same H200; bf16 7.54 against 7.07-7.68 for the pin
+on another. 0.34.0 without them was not measured, so where the launcher would compile the encoder on the
+pin, it turns vLLM's own switches on for 0.34.0 instead (unless the flags after -- set compilation).
 
 The compiled encoder costs one build, inside the engine, when it encodes its first image:
 15-44 s on an H200. start_optimized.sh sends a warm-up page per engine (ocr_bundle.serve.warmup)
@@ -41,6 +49,7 @@ before it reports the server ready, so users never wait for it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -50,6 +59,9 @@ from ocr_bundle.serve.vllm_patches import COMPILE_ENV, encoder_compile_unavailab
 COMPILE_CHOICES = ("auto", "on", "off")
 BLOCK_SIZE = 128  # tokens per KV-cache block; FlashAttention takes any multiple of 16
 FP8_API_SERVERS = 4  # vLLM API servers for the fp8 profile of one engine
+# vLLM versions whose own encoder compile and CUDA graphs were measured (above), and the switches for them.
+VLLM_ENCODER_GRAPHS = ("0.34.0",)
+VLLM_ENCODER_CONFIG = {"compile_mm_encoder": True, "cudagraph_mm_encoder": True}
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,14 @@ def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: 
     unavailable = encoder_compile_unavailable(vllm_version, environ) if compile_wanted else None
     if COMPILE_ENV in environ:
         notes.append(f"vision encoder: {COMPILE_ENV}={environ[COMPILE_ENV]}, as set in the environment")
+    elif compile_wanted and vllm_version in VLLM_ENCODER_GRAPHS:
+        env[COMPILE_ENV] = "0"  # the bundle's patch stands aside on this vLLM: its switch would do nothing
+        if compilation_set_in_passthrough(passthrough):
+            notes.append("vision encoder: as the compilation flags after -- set it")
+        else:
+            flags += ["--compilation-config", json.dumps(VLLM_ENCODER_CONFIG, separators=(",", ":"))]
+            notes.append(f"vision encoder: vLLM {vllm_version}'s own compile and CUDA graphs (compile_mm_encoder, "
+                         "cudagraph_mm_encoder: the configuration its figures were measured in)")
     elif unavailable:
         env[COMPILE_ENV] = "0"
         notes.append(f"vision encoder: as vLLM runs it ({unavailable}; vLLM's own compile, where the version "
@@ -110,3 +130,12 @@ def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: 
         notes.append(f"API servers: {FP8_API_SERVERS} (the fp8 profile: one API server's image preprocessing caps it; "
                      "10.45 against 9.5-9.9 pages/s on H200)")
     return Tuning(flags, env, notes)
+
+
+def compilation_set_in_passthrough(passthrough: Sequence[str]) -> bool:
+    """Whether the vLLM flags after -- decide how it compiles, in any spelling its parser takes: the compilation
+    config (--compilation-config, --compilation_config, a prefix of it, -cc, a dotted key such as
+    -cc.compile_mm_encoder=false), the optimization level (-O3, -O 0, --optimization-level) or --enforce-eager."""
+    return (any(attention.passthrough_names(passthrough, flag)
+                for flag in ("--compilation-config", "--optimization-level", "--enforce-eager"))
+            or any(token == "-cc" or token.startswith(("-cc=", "-cc.", "-O")) for token in passthrough))
