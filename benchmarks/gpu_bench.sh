@@ -87,6 +87,9 @@ case "${1:?phase}" in
     if compgen -G "/root/gpu/tools/*.whl" >/dev/null; then   # py-spy (benchmarks/stage_tools.sh)
       python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site-tools /root/gpu/tools/*.whl
     fi
+    if compgen -G "/root/gpu/quality/*.whl" >/dev/null; then   # olmOCR-Bench's scorer (benchmarks/stage_quality.sh)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target "$QUALITY_SITE" /root/gpu/quality/*.whl
+    fi
     if compgen -G "/root/gpu/flashinfer/*.whl" >/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target "$FLASHINFER_SITE" /root/gpu/flashinfer/*.whl
     fi

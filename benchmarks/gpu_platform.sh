@@ -19,6 +19,7 @@ site_pythonpath() { echo "$1:$1/nvidia_cutlass_dsl/dsl_packages"; }
 # off without them, and the launcher looks for nvcc. So ninja comes from the staged bin/ (SITE's after the
 # image's own PATH: its other scripts shadow nothing) and CUDA_HOME is the image's toolkit unless set.
 FLASHINFER_SITE=/root/site-flashinfer
+QUALITY_SITE=/root/site-quality   # olmOCR-Bench's scorer (benchmarks/stage_quality.sh), for quality_check.py
 serve_env() {
   local site=$1 pythonpath
   pythonpath=$(site_pythonpath "$site")
@@ -30,4 +31,15 @@ serve_env() {
     if [[ -z ${CUDA_HOME:-} && -d /usr/local/cuda ]]; then export CUDA_HOME=/usr/local/cuda; fi
   fi
   export PYTHONPATH=$pythonpath PATH
+}
+
+# python312: prints a Python 3.12 that runs here (the GPU image's version), for rehearsing staged sets on the CPU
+# (rehearse_wheels.sh, stage_quality.sh rehearse); fails when there is none.
+python312() {
+  local candidate
+  for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+    # One that runs: a pyenv shim is on the PATH even where its version is not the selected one.
+    if "$candidate" -c "" 2>/dev/null; then echo "$candidate"; return 0; fi
+  done
+  echo "needs a Python 3.12 (the GPU image's)" >&2; return 1
 }

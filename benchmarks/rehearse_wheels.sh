@@ -16,12 +16,7 @@ cd "$(dirname "$0")/.."
 source benchmarks/gpu_platform.sh
 WHEELS=.gpu/wheels-$VERSION
 [[ -d $WHEELS ]] || { echo "no $WHEELS: run benchmarks/stage_vllm.sh $VERSION first" >&2; exit 2; }
-PY312=
-for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
-  # One that runs: a pyenv shim is on the PATH even where its version is not the selected one.
-  if "$candidate" -c "" 2>/dev/null; then PY312=$candidate; break; fi
-done
-[[ -n $PY312 ]] || { echo "needs a Python 3.12 (the GPU image's)" >&2; exit 2; }
+PY312=$(python312) || exit 2
 IMAGE=${IMAGE_VENV:-$HOME/.cache/lightonocr-bundle/gpu-image-py312}
 if [[ ! -x $IMAGE/bin/python ]]; then
   "$PY312" -m venv "$IMAGE.tmp"

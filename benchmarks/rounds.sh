@@ -20,7 +20,7 @@ SITES=${SITES:-/root}   # where gpu_bench.sh setup installs: site (0.26.0), site
 site_of() { [[ $1 == 0.26.0 ]] && echo "$SITES/site" || echo "$SITES/site-$1"; }
 
 run_rounds() {  # in the background, from the copy
-  local file=$1 line words vars version kind name site deadline
+  local file=$1 line words vars version kind name site deadline said
   cd "$RUNS/bundle"
   export STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-420}  # a round that cannot start costs minutes, not ten
   OUT=$RUNS/out bash benchmarks/gpu_bench.sh setup >"$RUNS/setup.txt" 2>&1 \
@@ -41,10 +41,11 @@ run_rounds() {  # in the background, from the copy
     echo "$(date +%T) $name: started" >>"$RUNS/progress"
     if env "${vars[@]}" OUT="$RUNS/out" bash benchmarks/version_bench.sh "$kind" "$name" "$site" "${words[@]:3}" \
          >"$RUNS/out/$name-round.txt" 2>&1; then
-      echo "$(date +%T) $name: done: $(grep -h '^concurrency\|ready in' "$RUNS/out/$name-round.txt" | tr '\n' ' ')" \
+      echo "$(date +%T) $name: done: $(grep -h '^concurrency\|ready in\|^quality_check.py exit' "$RUNS/out/$name-round.txt" | tr '\n' ' ')" \
         >>"$RUNS/progress"
     else
-      echo "$(date +%T) $name: FAILED (see $name-round.txt)" >>"$RUNS/progress"
+      said=$(grep -h '^quality_check.py exit' "$RUNS/out/$name-round.txt" || true)  # a quality round's verdict
+      echo "$(date +%T) $name: FAILED (see $name-round.txt)${said:+ $said}" >>"$RUNS/progress"
     fi
   done <"$file"
   touch "$RUNS/done"

@@ -13,6 +13,12 @@
 # the version vLLM 0.26.0 pins), with its just-in-time builds' ninja and nvcc: the launcher then picks
 # it for an fp8 KV cache on Hopper, as on a box where `pip install -r requirements.txt` brought it. A set
 # that carries its own FlashInfer (0.34.0's) needs no FLASHINFER=1 (gpu_platform.sh's serve_env).
+# QUALITY=1 replaces the speed runs with the issue's quality gate for a version: the trained reader
+# (tests/fixtures/lightonocr-reader, carried with the tree) served by this version with the launcher's profile for
+# KIND, and quality_check.py on scripts/make_bench.py's mini-bench (24 one-line PDFs, made once in $STATE), scored
+# by olmOCR-Bench's scorer from /root/site-quality (benchmarks/stage_quality.sh). QUALITY_COMPARE=NAME compares
+# with an earlier round's run (its verdict per category; the round fails when this one reads worse).
+# QUALITY_TEMPERATURE (default 0: greedy, so two versions are compared on the same pages' most likely reading).
 # SITE: the vLLM install (/root/site: 0.26.0; /root/site-0.32.0 ...: benchmarks/stage_vllm.sh, gpu_bench.sh setup).
 # Each round leaves NAME-start.txt (time to ready, the launcher's choices), NAME-*/ reports (pages/s,
 # latency, GPU memory) and NAME-engine.txt (vLLM's throughput lines) in $OUT.
@@ -25,6 +31,7 @@ source "$ROOT/benchmarks/gpu_platform.sh"   # serve_env
 serve_env "$site"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHON=python3 UI=off OCR_API=off RUN_DIR=$STATE/run-$name
 export MODEL=${MODEL_DIR:-/root/models/lightonocr-full} STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-600}
+[[ ${QUALITY:-0} == 1 ]] && export MODEL=$ROOT/tests/fixtures/lightonocr-reader
 [[ $kind == fp8 ]] && export KV_CACHE_DTYPE=fp8
 mkdir -p "$OUT" "$STATE/reports"
 cd "$ROOT"
@@ -37,6 +44,23 @@ stress() {  # stress LABEL ARGS...: the report, with the server's CPU by role pe
   cp -r "$STATE/reports/$label" "$OUT/"
 }
 
+quality() {  # the mini-bench through the reader's server, scored; compared with QUALITY_COMPARE's run if given
+  local compare=() status=0
+  [[ -f $STATE/mini-bench/lines_text.jsonl ]] || python3 scripts/make_bench.py --out "$STATE/mini-bench"
+  [[ -n ${QUALITY_COMPARE:-} ]] && compare=(--compare "$STATE/quality-out/$QUALITY_COMPARE")
+  PYTHONPATH=$PYTHONPATH:$QUALITY_SITE python3 quality_check.py "$STATE/mini-bench" --out "$STATE/quality-out" \
+    --label "$name" --max-tokens 32 --temperature "${QUALITY_TEMPERATURE:-0}" --quiet "${compare[@]}" \
+    >"$OUT/$name-quality.txt" 2>&1 || status=$?
+  grep -vE "^\[batch|^\[quality\] .*: converting" "$OUT/$name-quality.txt" | tail -n 30 || true
+  cp -r "$STATE/quality-out/$name" "$OUT/$name-quality" 2>/dev/null || true
+  if [[ ${#compare[@]} -gt 0 && -f $STATE/quality-out/comparison.md ]]; then
+    mv "$STATE/quality-out/comparison.md" "$OUT/$name-comparison.md"
+    mv "$STATE/quality-out/comparison.json" "$OUT/$name-comparison.json"
+  fi
+  echo "quality_check.py exit status $status (0 scored and no category worse; 1 worse; 2 not run or not comparable)"
+  return "$status"
+}
+
 start=$SECONDS
 if ! ./start_optimized.sh "$@" >"$OUT/$name-start.txt" 2>&1; then
   tail -n 40 "$OUT/$name-start.txt"; tail -n 60 "$RUN_DIR/vllm.log"; ./stop_optimized.sh || true; exit 1
@@ -45,7 +69,10 @@ echo "ready in $((SECONDS - start)) s (start_optimized.sh, warm-up page included
 # What the launcher chose and what vLLM then used (attention backends, the patch), from the server's log.
 grep -E "^\[start_vllm_server\]|LightOnOCR bundle patch|[Aa]ttention backend|Using .*backend|FlashInfer|XQA" \
   "$RUN_DIR/vllm.log" | cut -c1-300 | awk '!seen[$0]++' | head -n 24 | tee -a "$OUT/$name-start.txt" || true
-if [[ $kind == fp8 ]]; then
+
+if [[ ${QUALITY:-0} == 1 ]]; then
+  quality_status=0; quality || quality_status=$?
+elif [[ $kind == fp8 ]]; then
   if [[ ${BURST:-1} == 1 ]]; then stress c512 --concurrency 512 --requests 768 --warmup 16; fi
   if [[ ${SUSTAINED:-0} == 1 ]]; then stress c512-sustained --concurrency 512 --requests 1536 --ramp 60 --warmup 0; fi
 else
@@ -61,3 +88,4 @@ grep -E "throughput|Error|LightOnOCR bundle patch|compile" "$RUN_DIR/vllm.log" \
   | grep -vE "Directly load AOT compilation|reconstructed serializable fn|\[PixtralHFTransformerBlock\] torch\.compile took" \
   | tail -n 60 >"$OUT/$name-engine.txt" || true
 ./stop_optimized.sh >"$OUT/$name-stop.txt" 2>&1 || tail -n 5 "$OUT/$name-stop.txt"
+exit "${quality_status:-0}"

@@ -114,7 +114,7 @@ def test_rounds_run_in_order_with_their_variables_and_wait_for_a_version_still_b
         f'(( n >= 1 )) && mkdir -p {sites}/site-0.32.0/vllm; true\n')
     (bundle / "benchmarks" / "version_bench.sh").write_text(
         'echo "concurrency 1: $*"; echo "FLASHINFER=${FLASHINFER:-unset} LONE=${LONE:-unset}"\n'
-        '[[ $2 != broken ]]\n')
+        '[[ $2 != broken ]] || { echo "quality_check.py exit status 1 (worse)"; exit 1; }\n')
     rounds = tmp_path / "rounds.txt"
     rounds.write_text("# a comment line\n"
                       "FLASHINFER=1 0.26.0 fp8 first --compile-encoder on  # and a comment after a round\n"
@@ -140,7 +140,7 @@ def test_rounds_run_in_order_with_their_variables_and_wait_for_a_version_still_b
     progress = (tmp_path / "state" / "rounds" / "progress").read_text().splitlines()
     assert [line.split(" ", 1)[1] for line in progress] == [
         "first: started", "first: done: concurrency 1: fp8 first " + f"{sites}/site --compile-encoder on ",
-        "broken: started", "broken: FAILED (see broken-round.txt)",
+        "broken: started", "broken: FAILED (see broken-round.txt) quality_check.py exit status 1 (worse)",
         "second: started", "second: done: concurrency 1: bf16 second " + f"{sites}/site-0.32.0 -- --compilation-config "
         '{"compile_mm_encoder":true} ']
     assert (tmp_path / "out" / "rounds.tgz").stat().st_size > 0
