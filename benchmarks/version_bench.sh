@@ -51,7 +51,7 @@ quality() {  # the mini-bench through the reader's server, scored; compared with
   PYTHONPATH=$PYTHONPATH:$QUALITY_SITE python3 quality_check.py "$STATE/mini-bench" --out "$STATE/quality-out" \
     --label "$name" --max-tokens 32 --temperature "${QUALITY_TEMPERATURE:-0}" --quiet "${compare[@]}" \
     >"$OUT/$name-quality.txt" 2>&1 || status=$?
-  grep -vE "^\[batch|^\[quality\] .*: converting" "$OUT/$name-quality.txt" | tail -n 30 || true
+  tail -n 30 "$OUT/$name-quality.txt"
   cp -r "$STATE/quality-out/$name" "$OUT/$name-quality" 2>/dev/null || true
   if [[ ${#compare[@]} -gt 0 && -f $STATE/quality-out/comparison.md ]]; then
     mv "$STATE/quality-out/comparison.md" "$OUT/$name-comparison.md"

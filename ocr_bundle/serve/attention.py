@@ -72,8 +72,8 @@ def passthrough_sets(passthrough: Sequence[str], *flags: str) -> bool:
 def passthrough_names(passthrough: Sequence[str], flag: str) -> bool:
     """Whether the vLLM flags after -- set `flag` in any spelling vLLM's parser takes: underscores for
     dashes, a unique prefix (argparse abbreviations: --api-server 2), or one key of it (--flag.key value)."""
-    # At least its first word (--compilation, --api): a shorter prefix is shared with other flags, and one
-    # that is ambiguous among vLLM's (--api: --api-key too) its parser refuses before the launcher gets here.
+    # A prefix of at least the flag's first word (--compilation): a shorter one is shared with other flags. One
+    # that is still ambiguous (--api: --api-key too) vLLM's parser refuses before the launcher gets here.
     shortest = len(flag.split("-")[2]) + 2
     names = (token.partition("=")[0].partition(".")[0].replace("_", "-") for token in passthrough
              if token.startswith("--"))
