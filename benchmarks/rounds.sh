@@ -18,6 +18,7 @@ RUNS=$STATE/rounds   # the background run: its own copy of the bundle, log, prog
 
 SITES=${SITES:-/root}   # where gpu_bench.sh setup installs: site (0.26.0), site-VERSION (any other)
 site_of() { [[ $1 == 0.26.0 ]] && echo "$SITES/site" || echo "$SITES/site-$1"; }
+QUALITY_VERDICT='^quality_check.py exit'   # the line version_bench.sh QUALITY=1 ends a round with
 
 run_rounds() {  # in the background, from the copy
   local file=$1 line words vars version kind name site deadline said
@@ -41,10 +42,10 @@ run_rounds() {  # in the background, from the copy
     echo "$(date +%T) $name: started" >>"$RUNS/progress"
     if env "${vars[@]}" OUT="$RUNS/out" bash benchmarks/version_bench.sh "$kind" "$name" "$site" "${words[@]:3}" \
          >"$RUNS/out/$name-round.txt" 2>&1; then
-      echo "$(date +%T) $name: done: $(grep -h '^concurrency\|ready in\|^quality_check.py exit' "$RUNS/out/$name-round.txt" | tr '\n' ' ')" \
+      echo "$(date +%T) $name: done: $(grep -h "^concurrency\|ready in\|$QUALITY_VERDICT" "$RUNS/out/$name-round.txt" | tr '\n' ' ')" \
         >>"$RUNS/progress"
     else
-      said=$(grep -h '^quality_check.py exit' "$RUNS/out/$name-round.txt" || true)  # a quality round's verdict
+      said=$(grep -h "$QUALITY_VERDICT" "$RUNS/out/$name-round.txt" || true)  # a quality round's verdict
       echo "$(date +%T) $name: FAILED (see $name-round.txt)${said:+ $said}" >>"$RUNS/progress"
     fi
   done <"$file"
