@@ -26,6 +26,7 @@ from ocr_bundle import tls
 from ocr_bundle.families import FAMILIES, Family, family_of
 from ocr_bundle.serve import attention, route_keys, tuning
 from ocr_bundle.serve.scaleout import DataParallelPlan, replicas_per_node
+from ocr_bundle.serve.versions import release
 from ocr_bundle.settings import (
     DEFAULT_MAX_MODEL_LEN,
     MAX_OUTPUT_TOKENS,
@@ -204,13 +205,13 @@ def text_config_of(model: str, local: bool) -> dict:
 
 def version_tuple(version: str) -> tuple[int, ...]:
     """'5.17.0.dev0' -> (5, 17, 0): enough to compare releases."""
-    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+    return tuple(int(part) for part in re.findall(r"\d+", release(version))[:3])
 
 
 def known_bad_pair(vllm_version: str, transformers_version: str | None, pixtral_source: str) -> str | None:
     """Why this vLLM/transformers pair cannot serve LightOnOCR, with the fix; None if no known problem.
     Pure, so each known case is tested without installing it."""
-    if vllm_version == "0.27.1":
+    if release(vllm_version) == "0.27.1":
         return ("vLLM 0.27.1 makes LightOnOCR loop (LightOn's report). Install the pinned pair: "
                 "pip install -r requirements.txt (vllm==0.26.0, transformers==5.16.1)")
     # vLLM 0.26 imports the old name unconditionally; later versions pick a name by the
@@ -458,7 +459,7 @@ def passthrough_problem(passthrough: list[str], parser: argparse.ArgumentParser 
 def route_keys_problem(vllm_version: str | None, has_key: bool) -> str | None:
     """With a key, a vLLM on which the bundle cannot key every route is refused before it starts:
     vLLM itself keys only /v1 paths, and POST /invocations would run OCR without the key."""
-    if not has_key or vllm_version is None or vllm_version.split("+")[0] in route_keys.VERIFIED:
+    if not has_key or vllm_version is None or release(vllm_version) in route_keys.VERIFIED:
         return None
     return (f"vLLM {vllm_version} with an API key: the bundle keys every route (not only vLLM's /v1 paths; "
             f"POST /invocations runs OCR without a key otherwise, vLLM issue #58144) on the vLLM versions it was "

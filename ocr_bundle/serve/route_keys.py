@@ -26,6 +26,8 @@ import os
 import secrets
 import sys
 
+from ocr_bundle.serve.versions import release
+
 # What a gateway's health checks and a Prometheus scraper need, and nothing that runs the
 # model or reveals what it serves. /metrics/ is where vLLM's mounted metrics app may redirect.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/metrics/", "/version", "/ping"})
@@ -91,7 +93,7 @@ def install(vllm_version: str, key: str | None) -> str:
     Raises RuntimeError when a key is set and it cannot be done: never serve open doors."""
     if not key:
         return "no API key set: nothing to enforce"
-    module_name = VERIFIED.get(vllm_version.split("+")[0])
+    module_name = VERIFIED.get(release(vllm_version))
     if module_name is None:
         raise RuntimeError(f"vLLM {vllm_version}: the bundle keys every route only on vLLM "
                            f"{', '.join(VERIFIED)} (vLLM itself keys only /v1 paths)")

@@ -54,6 +54,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ocr_bundle.serve import attention
+from ocr_bundle.serve.versions import release
 from ocr_bundle.serve.vllm_patches import COMPILE_ENV, encoder_compile_unavailable
 
 COMPILE_CHOICES = ("auto", "on", "off")
@@ -101,7 +102,7 @@ def choose(compile_encoder: str, kv_cache_dtype: str, device: str, passthrough: 
     unavailable = encoder_compile_unavailable(vllm_version, environ) if compile_wanted else None
     if COMPILE_ENV in environ:
         notes.append(f"vision encoder: {COMPILE_ENV}={environ[COMPILE_ENV]}, as set in the environment")
-    elif compile_wanted and vllm_version in VLLM_ENCODER_GRAPHS:
+    elif compile_wanted and vllm_version is not None and release(vllm_version) in VLLM_ENCODER_GRAPHS:
         env[COMPILE_ENV] = "0"  # the bundle's patch stands aside on this vLLM: its switch would do nothing
         if compilation_set_in_passthrough(passthrough):
             notes.append("vision encoder: as the compilation flags after -- set it")

@@ -17,8 +17,9 @@ after 0.26); the GPU build pinned here (0.26.0, the newest for torch 2.11) preda
 vision model passes cumulative sequence lengths instead of building the mask. Same
 math, no checkpoint or output-shape change.
 
-It replaces vLLM code, so it only touches the code it was proven on: the exact vLLM
-versions in VERIFIED (0.26.0, on an H200: docs/benchmarks.md), and only while the source
+It replaces vLLM code, so it only touches the code it was proven on: the vLLM releases in
+VERIFIED (0.26.0, on an H200: docs/benchmarks.md; a build's local label such as +cu129 aside,
+ocr_bundle.serve.versions), and only while the source
 of the three methods it replaces hashes to the fingerprint recorded for that version.
 Anything else (a newer vLLM that packs by itself, a patched 0.26 build) runs as shipped,
 and one log line says why. `OCR_BUNDLE_VLLM_PATCHES=off` switches it off; an error raised
@@ -46,6 +47,8 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+
+from ocr_bundle.serve.versions import release
 
 UPSTREAM_FIX = "vllm-project/vllm#52185"
 # Set to "off" to run vLLM unpatched (the benchmarks' before/after comparison).
@@ -165,7 +168,7 @@ def encoder_compile_unavailable(vllm_version: str | None, environ=os.environ) ->
     (decide, below, checks their source again at start). None for an unknown version."""
     if switched_off(environ):
         return f"the bundle's encoder patch is off ({DISABLE_ENV}={environ[DISABLE_ENV]})"
-    if vllm_version is not None and vllm_version not in VERIFIED:
+    if vllm_version is not None and release(vllm_version) not in VERIFIED:
         return (f"the bundle compiles it inside its encoder patch, verified on vLLM {', '.join(sorted(VERIFIED))}, "
                 f"not {vllm_version}")
     return None
@@ -173,14 +176,14 @@ def encoder_compile_unavailable(vllm_version: str | None, environ=os.environ) ->
 
 def decide(vllm_version: str, fingerprint: str, packs_natively: bool) -> str | None:
     """Why the patch must not be applied, or None when it should be. Pure: tested as such."""
-    if vllm_version not in VERIFIED:
+    if release(vllm_version) not in VERIFIED:
         verified = ", ".join(sorted(VERIFIED))
         why = (f"it packs Pixtral encoder attention itself ({UPSTREAM_FIX})" if packs_natively
                else "it runs as shipped")
         return f"not applied: vLLM {vllm_version} (the patch is verified on vLLM {verified} only; {why})"
-    if fingerprint != VERIFIED[vllm_version]:
+    if fingerprint != (expected := VERIFIED[release(vllm_version)]):
         return (f"not applied: this vLLM {vllm_version}'s Pixtral encoder code is not the code the patch was "
-                f"written against (fingerprint {fingerprint}, expected {VERIFIED[vllm_version]}); it runs as shipped")
+                f"written against (fingerprint {fingerprint}, expected {expected}); it runs as shipped")
     return None
 
 
