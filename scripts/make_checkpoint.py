@@ -21,6 +21,7 @@ The output is deterministic for a given preset and seed.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from dataclasses import dataclass
@@ -237,9 +238,12 @@ def hf_config_from(config_dict: dict):
     """transformers' LightOnOcrConfig for a config.json in the published layout."""
     from transformers import LightOnOcrConfig
 
+    # Deep copies: transformers 5.19 renames the vision rope_type "default" to "axial" inside the dict it is
+    # given, and the caller writes config_dict as config.json next; transformers 5.16 (vLLM 0.26.0's) refuses
+    # "axial" ("PixtralRotaryEmbedding does not support non-default RoPE"). The published layout says "default".
     return LightOnOcrConfig(
-        text_config=dict(config_dict["text_config"]),
-        vision_config=dict(config_dict["vision_config"]),
+        text_config=copy.deepcopy(config_dict["text_config"]),
+        vision_config=copy.deepcopy(config_dict["vision_config"]),
         image_token_id=config_dict["image_token_id"],
         spatial_merge_size=config_dict["spatial_merge_size"],
         tie_word_embeddings=True,

@@ -32,6 +32,21 @@ def test_full_preset_config_matches_the_published_dims():
             vision["head_dim"], vision["patch_size"], vision["image_size"]) == ("pixtral", 1024, 24, 16, 64, 14, 1540)
 
 
+def test_configs_keep_the_published_rope_names_that_every_transformers_reads():
+    """transformers 5.19 renames the vision rope_type "default" to "axial" in the dict it is handed; the reader
+    fixture once shipped that, and vLLM 0.26.0's transformers (5.16) refused to start it on the GPU machine. The
+    generator hands transformers copies, and every committed checkpoint says what the published model says."""
+    config = make_checkpoint.build_config_dict(make_checkpoint.PRESETS["tiny"])
+    written = json.loads(json.dumps(config))
+    make_checkpoint.hf_config_from(config)
+    assert config == written
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    for config_file in sorted(fixtures.glob("*/config.json")):
+        committed = json.loads(config_file.read_text())
+        ropes = {part: committed[part]["rope_parameters"]["rope_type"] for part in ("text_config", "vision_config")}
+        assert ropes == {"text_config": "default", "vision_config": "default"}, config_file
+
+
 def test_tiny_checkpoint_files_and_weight_names(tiny_checkpoint: Path):
     config = json.loads((tiny_checkpoint / "config.json").read_text())
     assert config["model_type"] == "mistral3"
