@@ -61,30 +61,7 @@ gateway_metric() { curl -s http://127.0.0.1:29000/metrics | grep -E "^smg_worker
 
 doors() {  # doors PORT_NAME URL [LOG]: every route the server logged at start (else the gateway's main ones),
   # without a key, with a wrong one, the client key, the admin key (keys from the environment, never argv)
-  python3 - "$@" <<'PY'
-import os, re, sys, urllib.error, urllib.request
-name, url, log = sys.argv[1], sys.argv[2], (sys.argv[3:] or [""])[0]
-if log:
-    routes = sorted({(m.strip(), re.sub(r"\{[^}]+\}", "x", path)) for path, methods in
-                     re.findall(r"Route: (\S+), Methods: ([A-Z, ]+)", open(log).read()) for m in methods.split(",")})
-else:
-    routes = [("POST", "/v1/chat/completions"), ("POST", "/invocations"), ("GET", "/workers"), ("POST", "/workers"),
-              ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/liveness"), ("GET", "/engine_metrics"),
-              ("POST", "/generate"), ("POST", "/v1/tokenize"), ("POST", "/add_worker"), ("GET", "/list_workers")]
-keys = [None, "wrong", os.environ["VLLM_API_KEY"], os.environ["ROUTER_ADMIN_KEY"]]
-for method, path in routes:
-    codes = []
-    for key in keys:
-        request = urllib.request.Request(url + path, data=b"{}", method=method, headers={
-            "Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})})
-        try:
-            codes.append(urllib.request.urlopen(request, timeout=60).status)
-        except urllib.error.HTTPError as exc:
-            codes.append(exc.code)
-        except OSError:
-            codes.append(0)
-    print(name, method, path, *codes, flush=True)
-PY
+  python3 benchmarks/doors.py "$1" "$2" ${3:+--log "$3" --verdict} || true
 }
 
 case "${1:?phase}" in

@@ -42,10 +42,10 @@ run_rounds() {  # in the background, from the copy
     echo "$(date +%T) $name: started" >>"$RUNS/progress"
     if env "${vars[@]}" OUT="$RUNS/out" bash benchmarks/version_bench.sh "$kind" "$name" "$site" "${words[@]:3}" \
          >"$RUNS/out/$name-round.txt" 2>&1; then
-      echo "$(date +%T) $name: done: $(grep -h "^concurrency\|ready in\|$QUALITY_VERDICT" "$RUNS/out/$name-round.txt" | tr '\n' ' ')" \
+      echo "$(date +%T) $name: done: $(grep -h "^concurrency\|ready in\|^doors:\|$QUALITY_VERDICT" "$RUNS/out/$name-round.txt" | tr '\n' ' ')" \
         >>"$RUNS/progress"
     else
-      said=$(grep -h "$QUALITY_VERDICT" "$RUNS/out/$name-round.txt" || true)  # a quality round's verdict
+      said=$(grep -h "^doors:\|$QUALITY_VERDICT" "$RUNS/out/$name-round.txt" | paste -sd ' ' || true)  # the verdicts
       echo "$(date +%T) $name: FAILED (see $name-round.txt)${said:+ $said}" >>"$RUNS/progress"
     fi
   done <"$file"

@@ -19,6 +19,9 @@
 # by olmOCR-Bench's scorer from /root/site-quality (benchmarks/stage_quality.sh). QUALITY_COMPARE=NAME compares
 # with an earlier round's run (its verdict per category; the round fails when this one reads worse).
 # QUALITY_TEMPERATURE (default 0: greedy, so two versions are compared on the same pages' most likely reading).
+# DOORS=1 serves with an API key (exported here, never on a command line) and, after the round's runs, knocks on
+# every route the server listed at start (benchmarks/doors.py --verdict): the round fails when one breaks the
+# bundle's key rule. How a version goes into route_keys.VERIFIED on the GPU.
 # SITE: the vLLM install (/root/site: 0.26.0; /root/site-0.32.0 ...: benchmarks/stage_vllm.sh, gpu_bench.sh setup).
 # Each round leaves NAME-start.txt (time to ready, the launcher's choices), NAME-*/ reports (pages/s,
 # latency, GPU memory) and NAME-engine.txt (vLLM's throughput lines) in $OUT.
@@ -33,6 +36,7 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHON=python3 UI=off OCR_API=off RUN_DIR=$
 export MODEL=${MODEL_DIR:-/root/models/lightonocr-full} STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-600}
 [[ ${QUALITY:-0} == 1 ]] && export MODEL=$ROOT/tests/fixtures/lightonocr-reader
 [[ $kind == fp8 ]] && export KV_CACHE_DTYPE=fp8
+[[ ${DOORS:-0} == 1 ]] && export VLLM_API_KEY=bench-key-$RANDOM$RANDOM
 mkdir -p "$OUT" "$STATE/reports"
 cd "$ROOT"
 
@@ -83,9 +87,16 @@ else
     stress c1-greedy --concurrency 1 --requests 6 --warmup 1 --temperature 0
   fi
 fi
+if [[ ${DOORS:-0} == 1 ]]; then
+  python3 benchmarks/doors.py "$name" "http://127.0.0.1:${PORT:-8000}" --log "$RUN_DIR/vllm.log" --verdict \
+    >"$OUT/$name-doors.txt" 2>&1 || doors_status=$?
+  tail -n 1 "$OUT/$name-doors.txt"
+fi
 # vLLM 0.34 logs each compiled encoder block's cache load (three lines a block): kept out, or they crowd out the rest.
 grep -E "throughput|Error|LightOnOCR bundle patch|compile" "$RUN_DIR/vllm.log" \
   | grep -vE "Directly load AOT compilation|reconstructed serializable fn|\[PixtralHFTransformerBlock\] torch\.compile took" \
   | tail -n 60 >"$OUT/$name-engine.txt" || true
 ./stop_optimized.sh >"$OUT/$name-stop.txt" 2>&1 || tail -n 5 "$OUT/$name-stop.txt"
-exit "${quality_status:-0}"
+status=${quality_status:-0}
+(( status == 0 )) && status=${doors_status:-0}
+exit "$status"

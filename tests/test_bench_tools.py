@@ -146,6 +146,54 @@ def test_rounds_run_in_order_with_their_variables_and_wait_for_a_version_still_b
     assert (tmp_path / "out" / "rounds.tgz").stat().st_size > 0
 
 
+def test_the_door_knock_names_a_route_that_answers_without_the_key(tmp_path: Path) -> None:
+    """benchmarks/doors.py (DOORS=1 in version_bench.sh: how a vLLM version joins route_keys.VERIFIED on the GPU)
+    against a stand-in server that lists 24 routes at start as vLLM does and keys all but /invocations: the verdict
+    names that door and fails; keyed everywhere, it passes. The key travels in the environment only."""
+    import http.server
+    import threading
+
+    open_door = {"path": "/invocations"}
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            keyed = self.headers.get("Authorization") == "Bearer door-key"
+            status = 200 if keyed or self.path in ("/health", "/metrics", open_door["path"]) else 401
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    paths = ["/health", "/metrics", "/invocations", "/v1/chat/completions", "/tokenize"] + [f"/v1/r{i}/{{item}}"
+                                                                                           for i in range(19)]
+    log = tmp_path / "vllm.log"
+    log.write_text("".join(f"(APIServer pid=1) INFO [launcher.py:46] Route: {path}, Methods: "
+                           f"{'GET' if path in ('/health', '/metrics') else 'POST'}\n" for path in paths))
+    knock = [PYTHON, str(ROOT / "benchmarks" / "doors.py"), "stand-in", f"http://127.0.0.1:{server.server_port}",
+             "--log", str(log), "--verdict"]
+    env = {"PATH": "/usr/bin:/bin", "VLLM_API_KEY": "door-key"}
+    try:
+        leaky = subprocess.run(knock, env=env, capture_output=True, text=True, timeout=60)
+        open_door["path"] = None
+        locked = subprocess.run(knock, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert leaky.returncode == 1, leaky.stdout + leaky.stderr
+    assert "stand-in POST /invocations 200 200 200" in leaky.stdout
+    assert leaky.stdout.splitlines()[-1] == "doors: stand-in: 24 routes, 1 break the key rule: POST /invocations"
+    assert "stand-in POST /v1/r3/x 401 401 200" in locked.stdout  # a path parameter knocked on as x
+    assert locked.returncode == 0 and locked.stdout.splitlines()[-1].startswith(
+        "doors: stand-in: 24 routes, 0 break the key rule"), locked.stdout + locked.stderr
+    assert "door-key" not in leaky.stdout + locked.stdout
+
+
 @pytest.mark.slow  # SMG and a few hundred pages: ~20 s on 2 cores
 def test_the_corpus_benchmark_finds_every_page_once_through_kills_links_and_another_mount(tmp_path: Path) -> None:
     """benchmarks/corpus_bench.py at a small size: its own check (every page's text once in its .md, the

@@ -42,7 +42,7 @@ from ocr_bundle import tls
 from ocr_bundle.serve.gateway_doors import OPEN_WHY, DoorTable
 from ocr_bundle.serve.membership import Gateway, GatewayUnreachable
 from ocr_bundle.serve.processes import Service, read_pid_file
-from ocr_bundle.serve.route_keys import OPEN_PATHS
+from ocr_bundle.serve.route_keys import breaks_key_rule, logged_routes
 from stand_in import StandIn, https_context
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -254,14 +254,6 @@ def machine_state() -> str:
     return "\n---- machine ----\n" + "\n".join(lines)
 
 
-def vllm_routes(log: Path) -> list[tuple[str, str]]:
-    """(method, path) of every route the running vLLM app has: what its serve_http logged at start."""
-    routes = set()
-    for path, methods in re.findall(r"Route: (\S+), Methods: ([A-Z, ]+)", log.read_text(errors="replace")):
-        routes.update((method.strip(), re.sub(r"\{[^}]+\}", "x", path)) for method in methods.split(","))
-    return sorted(routes, key=lambda route: (route[1], route[0]))
-
-
 def knock(url: str, method: str, key: str | None, tls_options: dict, body: bool = False) -> int | tuple[int, str]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
@@ -284,15 +276,13 @@ def test_every_door_of_every_port_needs_its_key(cluster: Cluster, tmp_path: Path
     table, wrong = [], []
     for port, url, log in (("head server", cluster.head_server_url, cluster.head.run_dir / "vllm.log"),
                            ("joined server", cluster.node_url, cluster.node.run_dir / "vllm.log")):
-        routes = vllm_routes(log)
+        routes = logged_routes(log.read_text(errors="replace"))
         assert ("POST", "/invocations") in routes and ("POST", "/v1/chat/completions") in routes and len(routes) > 20
         for method, path in routes:
             # As a machine of the cluster (with its certificate): the keys are what is tried here.
             answers = {name: knock(f"{url}{path}", method, key, cluster.machine_tls) for name, key in KEYS.items()}
             table.append((port, method, path, answers))
-            if path in OPEN_PATHS:
-                continue
-            if any(answers[name] != 401 for name in ("none", "wrong", "admin")) or answers["client"] == 401:
+            if breaks_key_rule(path, answers):
                 wrong.append((port, method, path, answers))
     doors = DoorTable.load()
     assert doors.smg_version == importlib.metadata.version("smg"), "smg_doors.json is for another SMG: run " \

@@ -23,6 +23,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import secrets
 import sys
 
@@ -32,6 +33,7 @@ from ocr_bundle.serve.versions import release
 # model or reveals what it serves. /metrics/ is where vLLM's mounted metrics app may redirect.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/metrics/", "/version", "/ping"})
 # vLLM version -> the module holding serve_http there.
+# A new version joins once its serve_http was read and benchmarks/version_bench.sh DOORS=1 passed on it.
 VERIFIED = {"0.26.0": "vllm.entrypoints.launcher", "0.32.0": "vllm.entrypoints.launchers.launcher"}
 KEY_ENV = "VLLM_API_KEY"
 UNAUTHORIZED = json.dumps({"error": {"message": "Unauthorized: this server needs its API key "
@@ -108,6 +110,24 @@ def install(vllm_version: str, key: str | None) -> str:
         if getattr(loaded, "serve_http", None) is original:
             loaded.serve_http = keyed
     return f"installed on vLLM {vllm_version}"
+
+
+def logged_routes(vllm_log: str) -> list[tuple[str, str]]:
+    """(method, path) of every route a running vLLM app has, from what its serve_http logs at start
+    ("Route: /invocations, Methods: POST"); a path parameter reads as x. The door tests knock on these."""
+    routes = set()
+    for path, methods in re.findall(r"Route: (\S+), Methods: ([A-Z, ]+)", vllm_log):
+        routes.update((method.strip(), re.sub(r"\{[^}]+\}", "x", path)) for method in methods.split(","))
+    return sorted(routes, key=lambda route: (route[1], route[0]))
+
+
+def breaks_key_rule(path: str, answers: dict[str, int]) -> bool:
+    """Whether a keyed server's door broke the rule, from the statuses it gave each caller: "client" (the
+    server's key), "none", "wrong" and, where tried, "admin" (a gateway's key). Every path but OPEN_PATHS
+    refuses all but the client key with 401, and lets the client key in."""
+    if path in OPEN_PATHS:
+        return False
+    return any(status != 401 for caller, status in answers.items() if caller != "client") or answers["client"] == 401
 
 
 def _log(line: str) -> None:
