@@ -34,13 +34,15 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
+OPENER = urllib.request.build_opener(NoRedirect)
+
+
 def knock(url: str, method: str, key: str | None) -> int:
     """The status a request with this key gets (0: no answer), redirects not followed."""
     request = urllib.request.Request(url, data=b"{}", method=method, headers={
         "Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})})
-    opener = urllib.request.build_opener(NoRedirect)
     try:
-        return opener.open(request, timeout=60).status
+        return OPENER.open(request, timeout=60).status
     except urllib.error.HTTPError as exc:
         return exc.code
     except OSError:
